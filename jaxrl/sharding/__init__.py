@@ -1,0 +1,23 @@
+"""Meshes, logical-axis sharding rules and multi-host start-up."""
+
+from jaxrl.sharding._distributed import global_batch, initialize, process_slice
+from jaxrl.sharding._mesh import (
+    DEFAULT_RULES,
+    MESH_AXES,
+    LogicalRules,
+    batch_sharding,
+    logical_sharding,
+    make_mesh,
+)
+
+__all__ = [
+    "DEFAULT_RULES",
+    "MESH_AXES",
+    "LogicalRules",
+    "batch_sharding",
+    "global_batch",
+    "initialize",
+    "logical_sharding",
+    "make_mesh",
+    "process_slice",
+]

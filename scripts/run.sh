@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One entry point for the README's two commands: it creates .venv and installs jaxrl on first use.
+#   bash scripts/run.sh quickstart   # the main job on the embedded default (tiny model, CPU)
+#   bash scripts/run.sh test         # the test suite (what .ci/run calls)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[test]"
+fi
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  quickstart) exec .venv/bin/jaxrl quickstart "$@" ;;
+  test) exec .venv/bin/python -m pytest -q -n 2 --durations=25 tests "$@" ;;
+  *) echo "usage: bash scripts/run.sh quickstart|test [args...]" >&2; exit 2 ;;
+esac

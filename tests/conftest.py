@@ -1,0 +1,15 @@
+"""Test set-up: 8 fake CPU devices, configured before JAX initialises."""
+
+import os
+
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    + ["--xla_force_host_platform_device_count=8"])
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
+jax.config.update("jax_default_matmul_precision", "highest")
