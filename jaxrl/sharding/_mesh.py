@@ -165,3 +165,30 @@ def logical_sharding(names: Sequence[str | None], mesh: Mesh, rules: LogicalRule
 def batch_sharding(mesh: Mesh, rules: LogicalRules | None = None, ndim: int = 2) -> NamedSharding:
   """Sharding of a ``[batch, seq, ...]`` input array: batch over the data-parallel axes."""
   return logical_sharding(("batch", "seq") + (None,) * (ndim - 2), mesh, rules)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+  """The ``mesh:`` section of a config."""
+
+  shape: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1})
+  "Mesh axis sizes over data/fsdp/sequence/tensor; one axis may be -1 (the remaining devices)."
+  rules: dict[str, str | list[str] | None] = dataclasses.field(default_factory=dict)
+  "Overrides of the default logical-axis rules, e.g. {embed: null} to stop FSDP sharding."
+
+  def __post_init__(self):
+    unknown = set(self.shape) - set(MESH_AXES)
+    if unknown:
+      raise ValueError(f"shape: unknown axes {sorted(unknown)}; valid: {list(MESH_AXES)}")
+    known = {n for n, _ in DEFAULT_RULES}
+    bad = set(self.rules) - known
+    if bad:
+      raise ValueError(f"rules: unknown logical axes {sorted(bad)}; known: {sorted(known)}")
+
+  def build(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    return make_mesh(self.shape, devices=devices)
+
+  def logical_rules(self) -> LogicalRules:
+    merged = dict(DEFAULT_RULES)
+    merged.update({k: v if v is None or isinstance(v, str) else tuple(v) for k, v in self.rules.items()})
+    return LogicalRules(rules=tuple(merged.items()))

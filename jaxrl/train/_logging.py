@@ -1,0 +1,101 @@
+"""Progress bar, TensorBoard event files, a JSONL log, a PNG plot and an end-of-run summary table."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+class MetricsLogger:
+  """Logs scalar metrics per step to TensorBoard + ``metrics.jsonl`` and shows live progress.
+
+  ``log(step, metrics)`` takes host floats. ``close()`` writes ``curves.png`` and prints a table of
+  the first/last/min/max of each metric.
+  """
+
+  def __init__(self, out_dir: str | Path, *, total_steps: int, desc: str = "train",
+               show: tuple[str, ...] = ("loss",), console: Console | None = None, tensorboard: bool = True):
+    self.out_dir = Path(out_dir)
+    self.out_dir.mkdir(parents=True, exist_ok=True)
+    self.total_steps = total_steps
+    self.show = show
+    self.console = console or Console(stderr=True)
+    self.history: dict[str, list[tuple[int, float]]] = {}
+    self._jsonl = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(str(self.out_dir / "tb"))
+    self._progress = Progress(
+        TextColumn(f"[bold]{desc}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=False)
+    self._task = self._progress.add_task(desc, total=total_steps, info="")
+    self._progress.start()
+    self._start = time.perf_counter()
+
+  def log(self, step: int, metrics: dict[str, float], *, advance: bool = True) -> None:
+    clean = {k: float(v) for k, v in metrics.items()}
+    for k, v in clean.items():
+      self.history.setdefault(k, []).append((step, v))
+      if self._tb is not None and math.isfinite(v):
+        self._tb.add_scalar(k, v, step)
+    self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+    self._jsonl.flush()
+    info = "  ".join(f"{k}={_fmt(clean[k])}" for k in self.show if k in clean)
+    self._progress.update(self._task, advance=1 if advance else 0, info=info)
+
+  def note(self, text: str) -> None:
+    self._progress.console.print(text)
+
+  def close(self, title: str = "summary") -> Path | None:
+    self._progress.stop()
+    self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+    plot = self.plot()
+    table = Table(title=f"{title} ({time.perf_counter() - self._start:.1f} s)")
+    for col in ("metric", "first", "last", "min", "max"):
+      table.add_column(col, justify="right" if col != "metric" else "left")
+    for k, series in self.history.items():
+      vals = [v for _, v in series]
+      table.add_row(k, _fmt(vals[0]), _fmt(vals[-1]), _fmt(min(vals)), _fmt(max(vals)))
+    self.console.print(table)
+    return plot
+
+  def plot(self) -> Path | None:
+    if not self.history:
+      return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    keys = list(self.history)
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    for ax, k in zip(axes.flat, keys):
+      steps, vals = zip(*self.history[k])
+      ax.plot(steps, vals, marker="." if len(steps) < 50 else None)
+      ax.set_title(k)
+      ax.set_xlabel("step")
+    for ax in list(axes.flat)[len(keys):]:
+      ax.axis("off")
+    fig.tight_layout()
+    path = self.out_dir / "curves.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _fmt(v: Any) -> str:
+  if isinstance(v, float):
+    if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+      return f"{v:.3e}"
+    return f"{v:.4f}"
+  return str(v)

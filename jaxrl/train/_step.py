@@ -1,0 +1,116 @@
+"""One jitted, sharded training step with gradient accumulation and a non-finite guard."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+"""``loss_fn(params, micro_batch, *extra) -> (loss, metrics)``.
+
+The loss of a micro-batch must be a plain weighted *sum* whose weights already carry the global
+normalisation (``jaxrl.losses`` computes them once per global batch), so summing micro-batch losses
+and gradients gives the global-batch result exactly, whatever the split. Metrics are summed too.
+"""
+
+
+class TrainState(NamedTuple):
+  step: jax.Array  # [] int32: updates applied so far
+  params: Any  # trainable parameters (a pytree)
+  opt_state: Any
+  skipped: jax.Array  # [] int32: updates skipped because the loss or gradient was not finite
+
+
+def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                    skipped=jnp.zeros((), jnp.int32))
+
+
+def split_micro_batches(batch, micro_batches: int, *, mesh: Mesh | None = None,
+                        batch_axes: Sequence[str] = ("data", "fsdp")):
+  """``[G, ...]`` → ``[M, G/M, ...]`` with micro-batch ``m`` holding rows ``m, m+M, m+2M, ...``.
+
+  Interleaving keeps every micro-batch spread over all data-parallel devices: a device's
+  contiguous block of rows contains rows of each micro-batch, so no resharding is needed.
+  """
+  def split(x):
+    g = x.shape[0]
+    if g % micro_batches:
+      raise ValueError(f"global batch of {g} rows does not split into {micro_batches} micro-batches")
+    y = x.reshape(g // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1)
+    if mesh is not None:
+      axes = tuple(a for a in batch_axes if mesh.shape[a] > 1) or None
+      spec = PartitionSpec(None, axes, *([None] * (x.ndim - 1)))
+      y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec))
+    return y
+  return jax.tree.map(split, batch)
+
+
+def accumulate_gradients(loss_fn: LossFn, params, batch, *extra, micro_batches: int = 1,
+                         mesh: Mesh | None = None, batch_axes: Sequence[str] = ("data", "fsdp")):
+  """Σ over micro-batches of (loss, grads, metrics), scanning so only one micro-batch is live."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if micro_batches == 1:
+    (loss, metrics), grads = grad_fn(params, batch, *extra)
+    return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
+  micro = split_micro_batches(batch, micro_batches, mesh=mesh, batch_axes=batch_axes)
+  first = jax.tree.map(lambda x: x[0], micro)
+  (_, metrics_shape), _ = jax.eval_shape(grad_fn, params, first, *extra)
+
+  def body(carry, mb):
+    loss_acc, grads_acc, metrics_acc = carry
+    (loss, metrics), grads = grad_fn(params, mb, *extra)
+    grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+    metrics_acc = jax.tree.map(jnp.add, metrics_acc, metrics)
+    return (loss_acc + loss, grads_acc, metrics_acc), None
+
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  zero_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics_shape)
+  (loss, grads, metrics), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros, zero_metrics), micro)
+  return loss, grads, metrics
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    *,
+    micro_batches: int = 1,
+    mesh: Mesh | None = None,
+    state_sharding=None,
+    batch_axes: Sequence[str] = ("data", "fsdp"),
+    schedule: optax.Schedule | None = None,
+    donate: bool = True,
+):
+  """Builds ``step(state, batch, *extra) -> (state, metrics)``, jitted once.
+
+  The update is skipped (parameters and optimizer state unchanged, ``state.skipped`` + 1) when the
+  loss or the gradient norm is not finite. ``extra`` are non-differentiated inputs (frozen base
+  weights for LoRA, a reference policy...). Parameters keep ``state_sharding`` on output.
+  """
+  def step(state: TrainState, batch, *extra):
+    loss, grads, metrics = accumulate_gradients(
+        loss_fn, state.params, batch, *extra, micro_batches=micro_batches, mesh=mesh,
+        batch_axes=batch_axes)
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+    new_state = TrainState(
+        step=state.step + ok.astype(jnp.int32),
+        params=keep(params, state.params),
+        opt_state=keep(opt_state, state.opt_state),
+        skipped=state.skipped + (~ok).astype(jnp.int32))
+    out = dict(metrics, loss=loss, grad_norm=grad_norm, skipped=(~ok).astype(jnp.int32))
+    if schedule is not None:
+      out["lr"] = schedule(state.step)
+    return new_state, out
+
+  out_shardings = None if state_sharding is None else (state_sharding, None)
+  return jax.jit(step, donate_argnums=(0,) if donate else (), out_shardings=out_shardings)
