@@ -39,6 +39,34 @@ def cmd_info(ns: argparse.Namespace) -> int:
   return 0
 
 
+BENCHES = {
+    "attention": "jaxrl.bench.attention",
+    "sample": "jaxrl.bench.sample",
+    "sft": "jaxrl.bench.sft",
+    "lora": "jaxrl.bench.lora",
+}
+
+
+@command("bench", "benchmarks against a peer in the same run; prints a table and writes JSON")
+@arg("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+@arg("name", choices=sorted(BENCHES), help="which benchmark")
+def cmd_bench(ns: argparse.Namespace) -> int:
+  import importlib
+  return importlib.import_module(BENCHES[ns.name]).main(ns.rest)
+
+
+@command("convert", "HF checkpoint directory <-> jaxrl (load, re-shard, save), or a preset to a random HF dir")
+@arg("--dtype", default=None, choices=["float32", "bfloat16"], help="parameter dtype to write")
+@arg("--tokenizer", default=None, help="tokenizer dir to copy alongside (default: the source's, if any)")
+@arg("--preset", default=None, help="instead of SRC, write a randomly initialised model of this preset")
+@arg("dst", help="output HF directory")
+@arg("src", nargs="?", default=None, help="input HF directory")
+def cmd_convert(ns: argparse.Namespace) -> int:
+  from jaxrl.models import convert
+  print(convert(ns.src, ns.dst, dtype=ns.dtype, tokenizer=ns.tokenizer, preset=ns.preset))
+  return 0
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="jaxrl", description="JAX-native LLM post-training")
   sub = parser.add_subparsers(dest="command", required=True)

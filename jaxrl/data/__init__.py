@@ -1,1 +1,66 @@
-"""jaxrl.data."""
+"""SFT data: Grain sources, chat-template tokenisation with loss masks, sequence packing, tasks."""
+
+from jaxrl.data._chat import encode_chat, encode_prompt, encode_record
+from jaxrl.data._packing import (
+    PACKING_METHODS,
+    ROW_KEYS,
+    PackedBatch,
+    PackedBatchIterDataset,
+    PackedRowsIterDataset,
+    PackingConfig,
+    PackingStats,
+    assign_rows,
+    fit_sample,
+    pack_samples,
+    stack_rows,
+)
+from jaxrl.data._pipeline import DataConfig, sft_batches, sft_samples
+from jaxrl.data._sources import DataError, JsonlSource, ParquetSource, open_source, record_messages
+from jaxrl.data._synthetic import (
+    ArithmeticConfig,
+    exact_match,
+    extract_answer,
+    generate_arithmetic,
+    reasoning_gym_records,
+    solve,
+    write_arithmetic_splits,
+    write_jsonl,
+)
+from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "PACKING_METHODS",
+    "ROW_KEYS",
+    "SPECIAL_TOKENS",
+    "ArithmeticConfig",
+    "DataConfig",
+    "DataError",
+    "JsonlSource",
+    "PackedBatch",
+    "PackedBatchIterDataset",
+    "PackedRowsIterDataset",
+    "PackingConfig",
+    "PackingStats",
+    "ParquetSource",
+    "assign_rows",
+    "build_tiny_tokenizer",
+    "encode_chat",
+    "encode_prompt",
+    "encode_record",
+    "exact_match",
+    "extract_answer",
+    "fit_sample",
+    "generate_arithmetic",
+    "open_source",
+    "pack_samples",
+    "reasoning_gym_records",
+    "record_messages",
+    "sft_batches",
+    "sft_samples",
+    "solve",
+    "stack_rows",
+    "tiny_tokenizer_dir",
+    "write_arithmetic_splits",
+    "write_jsonl",
+]

@@ -1,1 +1,39 @@
-"""jaxrl.sampling."""
+"""KV-cache sampler for RL rollouts: prefill and decode loop jitted per shape bucket.
+
+Example::
+
+    from jaxrl import models, sampling
+    sampler = sampling.Sampler(model, tokenizer, mesh=mesh, max_len=1024)
+    out = sampler.generate(prompts, n=4, max_new_tokens=64, temperature=1.0, top_p=1.0, top_k=0, seed=0)
+    out.tokens, out.logprobs, out.lengths, out.finish_reason, out.texts
+
+    part = sampler.generate(prompts, max_new_tokens=64, max_steps=16)    # pause after 16 tokens
+    out = sampler.resume(part.state, new_model=model2, version=1)         # recompute KV, continue
+    branches = sampler.fork(part.state, rows=[0], k=4)                    # 4 continuations of row 0
+"""
+
+from jaxrl.sampling._decode import decode_step
+from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask
+from jaxrl.sampling._sampler import (
+    FINISH_REASONS,
+    SampleOutput,
+    Sampler,
+    SamplerState,
+    TopLogprobs,
+    length_bucket,
+)
+
+__all__ = [
+    "FINISH_REASONS",
+    "SampleOutput",
+    "Sampled",
+    "Sampler",
+    "SamplerState",
+    "TopLogprobs",
+    "decode_step",
+    "entropy",
+    "length_bucket",
+    "sample_logits",
+    "top_logprobs",
+    "truncation_mask",
+]

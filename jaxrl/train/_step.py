@@ -84,15 +84,22 @@ def make_train_step(
     state_sharding=None,
     batch_axes: Sequence[str] = ("data", "fsdp"),
     schedule: optax.Schedule | None = None,
+    prepare: Callable | None = None,
     donate: bool = True,
 ):
   """Builds ``step(state, batch, *extra) -> (state, metrics)``, jitted once.
+
+  ``prepare(batch) -> batch`` runs on the whole global batch before it is split into
+  micro-batches: the place to fold global normalisers into per-token loss weights (a ``jnp.sum``
+  over the global batch inside ``jit`` is a sum over every data-parallel shard).
 
   The update is skipped (parameters and optimizer state unchanged, ``state.skipped`` + 1) when the
   loss or the gradient norm is not finite. ``extra`` are non-differentiated inputs (frozen base
   weights for LoRA, a reference policy...). Parameters keep ``state_sharding`` on output.
   """
   def step(state: TrainState, batch, *extra):
+    if prepare is not None:
+      batch = prepare(batch)
     loss, grads, metrics = accumulate_gradients(
         loss_fn, state.params, batch, *extra, micro_batches=micro_batches, mesh=mesh,
         batch_axes=batch_axes)

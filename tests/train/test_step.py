@@ -90,3 +90,23 @@ def test_optim_config_rejects_bad_values_naming_the_key():
     train.OptimConfig(lr=0.0)
   with pytest.raises(ValueError, match="optim.clip_norm"):
     train.OptimConfig(clip_norm=-1.0)
+
+
+@pytest.mark.parametrize("devices,micro", [(2, 4), (8, 2)])
+def test_prepare_folds_global_normaliser_before_the_split(devices, micro):
+  params, batch = _problem()
+  raw = dict(batch, w=np.arange(1, 17, dtype=np.float32))
+
+  def prepare(b):
+    return dict(b, w=b["w"] / jnp.sum(b["w"]))
+
+  opt = train.make_optimizer(train.OptimConfig(lr=0.1, schedule="constant"), 10)
+  state = train.init_train_state(params, opt)
+  mesh = sharding.make_mesh({"data": devices}, devices=jax.devices()[:devices])
+  placed = jax.device_put(raw, NamedSharding(mesh, P(("data",))))
+  split_state, _ = train.make_train_step(_loss, opt, micro_batches=micro, mesh=mesh, prepare=prepare,
+                                         donate=False)(state, placed)
+  whole = dict(raw, w=raw["w"] / raw["w"].sum())
+  ref_state, _ = train.make_train_step(_loss, opt, donate=False)(state, whole)
+  for k in params:
+    np.testing.assert_allclose(split_state.params[k], ref_state.params[k], rtol=1e-5, atol=1e-7)

@@ -1,0 +1,79 @@
+"""The tiny character-level chat tokenizer committed as ``jaxrl/assets/tiny_tokenizer``.
+
+It covers the built-in arithmetic task (digits, operators, letters, punctuation, whitespace): one
+token per character plus the special tokens of a ChatML-like chat template. Tests and the
+quickstart load it with the ordinary ``transformers.AutoTokenizer.from_pretrained(dir)`` path, so
+the code that handles a real Hugging Face tokenizer is the code that runs here.
+"""
+
+from __future__ import annotations
+
+import string
+from importlib import resources
+from pathlib import Path
+
+PAD, UNK, BOS, EOS, IM_START, IM_END = (
+    "<|pad|>", "<|unk|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
+SPECIAL_TOKENS = (PAD, UNK, BOS, EOS, IM_START, IM_END)
+"""Special tokens, ids 0..5 in this order (``<|pad|>`` is id 0)."""
+
+CHARACTERS = tuple(c for c in string.printable if c not in "\r\x0b\x0c")
+"""Every printable ASCII character plus ``\\n`` and ``\\t``: one token each."""
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}"
+    "{% else %}"
+    "{{ message['content'] }}<|im_end|>"
+    "{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML-like: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message after one ``<|bos|>``.
+
+Assistant content and its ``<|im_end|>`` sit inside ``{% generation %}`` markers, so
+``apply_chat_template(..., return_assistant_tokens_mask=True)`` works too; jaxrl's own masks
+(:func:`jaxrl.data.encode_chat`) do not rely on the markers.
+"""
+
+
+def build_tiny_tokenizer(out_dir: str | Path, *, model_max_length: int = 4096):
+  """Builds the character-level chat tokenizer and saves it as a Hugging Face tokenizer dir.
+
+  Args:
+    out_dir: directory to write (``tokenizer.json``, ``tokenizer_config.json``,
+      ``chat_template.jinja``).
+    model_max_length: the ``model_max_length`` recorded in the config.
+
+  Returns:
+    The ``transformers.PreTrainedTokenizerFast`` that was saved.
+  """
+  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+  backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+  backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+  backend.decoder = decoders.Fuse()
+  backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+  tokenizer = PreTrainedTokenizerFast(
+      tokenizer_object=backend,
+      bos_token=BOS, eos_token=IM_END, pad_token=PAD, unk_token=UNK,
+      extra_special_tokens=[EOS, IM_START, IM_END],
+      chat_template=CHAT_TEMPLATE,
+      model_max_length=model_max_length,
+      clean_up_tokenization_spaces=False,
+  )
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  tokenizer.save_pretrained(str(out_dir))
+  return tokenizer
+
+
+def tiny_tokenizer_dir() -> Path:
+  """Path of the committed tiny tokenizer (load it with ``AutoTokenizer.from_pretrained``)."""
+  return Path(str(resources.files("jaxrl") / "assets" / "tiny_tokenizer"))

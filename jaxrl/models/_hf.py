@@ -1,0 +1,531 @@
+"""Hugging Face checkpoint interop: load/save safetensors directories, tokenizers, sharded placement.
+
+Loading never materialises a full unsharded copy: the module is built abstractly
+(:func:`flax.nnx.eval_shape`), and every parameter is created with
+:func:`jax.make_array_from_callback` on its target ``NamedSharding``; the callback reads only the
+slice a device needs from the safetensors file (``safe_open(...).get_slice``). On several hosts each
+process therefore reads what its own devices hold.
+
+HF stores ``nn.Linear`` weights as ``[out, in]``; this model keeps ``[in, out]`` with heads split
+out (``q_proj [D, N, H]``, ``o_proj [N, H, D]``), and stacks the blocks on a leading ``layers`` axis
+when ``scan_layers``. :data:`_LAYOUTS` records each parameter's HF name and the reshape/transpose
+between the two layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensors' numpy reader needs)
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from jaxrl.models._config import ModelConfig
+from jaxrl.models._transformer import Transformer
+from jaxrl.sharding import LogicalRules
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+
+_NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+
+
+# --------------------------------------------------------------------------------------------------
+# Layout of every parameter relative to its HF tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """``ours = reshape(hf, split).transpose(perm)``; HF dim ``i`` is the merge of ``groups[i]`` split dims.
+
+  Example: ``q_proj`` is HF ``[N·H, D]``; split ``[N, H, D]`` (groups ``(2, 1)``); ours
+  ``[D, N, H]`` = split axes ``perm = (2, 0, 1)``.
+  """
+
+  hf_name: str  # may contain {i} (layer index)
+  groups: tuple[int, ...]
+  perm: tuple[int, ...]
+
+  def split_shape(self, ours: Sequence[int]) -> tuple[int, ...]:
+    split = [0] * len(ours)
+    for j, p in enumerate(self.perm):
+      split[p] = ours[j]
+    return tuple(split)
+
+  def hf_shape(self, ours: Sequence[int]) -> tuple[int, ...]:
+    split = self.split_shape(ours)
+    shape, i = [], 0
+    for g in self.groups:
+      shape.append(math.prod(split[i:i + g]))
+      i += g
+    return tuple(shape)
+
+  def to_hf(self, x: np.ndarray) -> np.ndarray:
+    """Our per-layer array -> the HF tensor."""
+    split = np.transpose(x, np.argsort(self.perm))
+    return np.ascontiguousarray(split.reshape(self.hf_shape(x.shape)))
+
+  def read(self, read_hf: Callable[[tuple[slice, ...]], np.ndarray], ours: Sequence[int],
+           index: Sequence[slice]) -> np.ndarray:
+    """Our per-layer slice ``index`` (one slice per our dim), reading only the HF rows it covers."""
+    split = self.split_shape(ours)
+    split_index = [None] * len(ours)
+    for j, p in enumerate(self.perm):
+      split_index[p] = slice(*index[j].indices(ours[j]))
+    hf_index, inner_index, block_shape, i = [], [], [], 0
+    for g in self.groups:
+      inner = math.prod(split[i + 1:i + g])
+      outer = split_index[i]
+      hf_index.append(slice(outer.start * inner, outer.stop * inner))
+      block_shape += [outer.stop - outer.start, *split[i + 1:i + g]]
+      inner_index += [slice(None), *split_index[i + 1:i + g]]
+      i += g
+    block = read_hf(tuple(hf_index)).reshape(block_shape)[tuple(inner_index)]
+    return np.transpose(block, self.perm)
+
+
+_IDENTITY1 = ((1,), (0,))
+_T2 = ((1, 1), (1, 0))
+# Paths inside one block -> layout. Keys are nnx state paths relative to the block.
+_BLOCK_LAYOUTS: dict[tuple[str, ...], _Layout] = {
+    ("attn_norm", "scale"): _Layout("model.layers.{i}.input_layernorm.weight", *_IDENTITY1),
+    ("attn", "q_proj"): _Layout("model.layers.{i}.self_attn.q_proj.weight", (2, 1), (2, 0, 1)),
+    ("attn", "k_proj"): _Layout("model.layers.{i}.self_attn.k_proj.weight", (2, 1), (2, 0, 1)),
+    ("attn", "v_proj"): _Layout("model.layers.{i}.self_attn.v_proj.weight", (2, 1), (2, 0, 1)),
+    ("attn", "o_proj"): _Layout("model.layers.{i}.self_attn.o_proj.weight", (1, 2), (1, 2, 0)),
+    ("attn", "q_bias"): _Layout("model.layers.{i}.self_attn.q_proj.bias", (2,), (0, 1)),
+    ("attn", "k_bias"): _Layout("model.layers.{i}.self_attn.k_proj.bias", (2,), (0, 1)),
+    ("attn", "v_bias"): _Layout("model.layers.{i}.self_attn.v_proj.bias", (2,), (0, 1)),
+    ("attn", "q_norm", "scale"): _Layout("model.layers.{i}.self_attn.q_norm.weight", *_IDENTITY1),
+    ("attn", "k_norm", "scale"): _Layout("model.layers.{i}.self_attn.k_norm.weight", *_IDENTITY1),
+    ("mlp_norm", "scale"): _Layout("model.layers.{i}.post_attention_layernorm.weight", *_IDENTITY1),
+    ("mlp", "gate_proj"): _Layout("model.layers.{i}.mlp.gate_proj.weight", *_T2),
+    ("mlp", "up_proj"): _Layout("model.layers.{i}.mlp.up_proj.weight", *_T2),
+    ("mlp", "down_proj"): _Layout("model.layers.{i}.mlp.down_proj.weight", *_T2),
+}
+_TOP_LAYOUTS: dict[tuple[str, ...], _Layout] = {
+    ("embed",): _Layout("model.embed_tokens.weight", (1, 1), (0, 1)),
+    ("final_norm", "scale"): _Layout("model.norm.weight", *_IDENTITY1),
+    ("lm_head",): _Layout("lm_head.weight", *_T2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """One model parameter: its state path, layout and which HF layer(s) it holds."""
+
+  path: tuple
+  layout: _Layout
+  stacked: bool  # leading axis is `layers` (scan_layers)
+  layer: int | None  # layer index for an unstacked block parameter
+
+  def hf_names(self, num_layers: int) -> list[str]:
+    if self.stacked:
+      return [self.layout.hf_name.format(i=i) for i in range(num_layers)]
+    return [self.layout.hf_name.format(i=self.layer)]
+
+
+def _entry(path: tuple, cfg: ModelConfig) -> _Entry:
+  parts = tuple(path)
+  if parts and parts[0] == "layers":
+    if cfg.scan_layers:
+      rel, stacked, layer = parts[1:], True, None
+    else:
+      rel, stacked, layer = parts[2:], False, int(parts[1])
+    layout = _BLOCK_LAYOUTS.get(tuple(rel))
+  else:
+    layout, stacked, layer = _TOP_LAYOUTS.get(parts), False, None
+  if layout is None:
+    raise KeyError(f"parameter {'/'.join(map(str, parts))} has no Hugging Face name")
+  return _Entry(parts, layout, stacked, layer)
+
+
+def _entries(state: nnx.State, cfg: ModelConfig) -> list[tuple[_Entry, nnx.Variable]]:
+  return [(_entry(path, cfg), var) for path, var in nnx.to_flat_state(state)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading safetensors
+
+
+class _Checkpoint:
+  """The tensors of a local HF directory (one ``model.safetensors`` or an indexed set of shards)."""
+
+  def __init__(self, path: Path):
+    from safetensors import safe_open
+
+    self.path = path
+    index_file = path / SAFETENSORS_INDEX
+    if index_file.exists():
+      with open(index_file) as f:
+        index = json.load(f)
+      if "weight_map" not in index:
+        raise ValueError(f"{index_file}: no 'weight_map' key")
+      self.weight_map: dict[str, str] = dict(index["weight_map"])
+      for key, fname in sorted(self.weight_map.items()):
+        if not (path / fname).exists():
+          raise FileNotFoundError(
+              f"{index_file} maps tensor {key!r} to shard {fname!r}, but {path / fname} does not exist")
+      files = sorted(set(self.weight_map.values()))
+    elif (path / SAFETENSORS_FILE).exists():
+      files = [SAFETENSORS_FILE]
+      self.weight_map = None
+    else:
+      raise FileNotFoundError(
+          f"{path}: no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} (only safetensors checkpoints are supported)")
+    self._handles = {fname: safe_open(str(path / fname), framework="np") for fname in files}
+    if self.weight_map is None:
+      self.weight_map = {k: SAFETENSORS_FILE for k in self._handles[SAFETENSORS_FILE].keys()}
+    else:
+      for fname, handle in self._handles.items():
+        present = set(handle.keys())
+        for key in (k for k, f in self.weight_map.items() if f == fname):
+          if key not in present:
+            raise KeyError(f"{index_file} maps tensor {key!r} to {fname!r}, but that shard does not contain it")
+
+  def keys(self) -> set[str]:
+    return set(self.weight_map)
+
+  def where(self, key: str) -> str:
+    return str(self.path / self.weight_map[key])
+
+  def _slice(self, key: str):
+    if key not in self.weight_map:
+      raise KeyError(f"{self.path}: checkpoint has no tensor {key!r}")
+    return self._handles[self.weight_map[key]].get_slice(key)
+
+  def shape(self, key: str) -> tuple[int, ...]:
+    return tuple(self._slice(key).get_shape())
+
+  def read(self, key: str, index: tuple[slice, ...]) -> np.ndarray:
+    return np.asarray(self._slice(key)[index])
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+  cfg_file = path / "config.json"
+  if not cfg_file.exists():
+    raise FileNotFoundError(f"{path}: no config.json (is this a Hugging Face model directory?)")
+  with open(cfg_file) as f:
+    return json.load(f)
+
+
+def _checkpoint_dtype(hf: Mapping[str, Any]) -> str:
+  name = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+  return "bfloat16" if name == "bfloat16" else "float32"
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    *,
+    mesh: Mesh | None = None,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    rules: LogicalRules | None = None,
+    tokenizer=None,
+    **config_overrides,
+) -> Transformer:
+  """Loads a local Hugging Face Llama/Qwen2/Qwen3 directory into a (sharded) :class:`Transformer`.
+
+  Args:
+    path: directory with ``config.json`` and ``model.safetensors`` or ``model.safetensors.index.json``
+      plus shards (bfloat16, float16 or float32 on disk).
+    mesh: place every parameter with its ``NamedSharding`` from ``rules`` on this mesh; default one
+      device.
+    dtype: compute dtype; default ``param_dtype``.
+    param_dtype: storage dtype; default ``dtype`` if given, else the checkpoint's (float32 unless it
+      says bfloat16).
+    rules: logical-to-mesh rules (default :meth:`LogicalRules.default`).
+    tokenizer: if given, checked against the embedding size (:func:`check_tokenizer`).
+    **config_overrides: :class:`ModelConfig` fields to change (``scan_layers``, ``remat``,
+      ``attention_impl``, ...).
+
+  Returns:
+    The model, with every array already on its devices.
+  """
+  path = Path(path)
+  hf = _read_config(path)
+  param_dtype = param_dtype or dtype or _checkpoint_dtype(hf)
+  dtype = dtype or param_dtype
+  cfg = ModelConfig.from_hf_config(hf, source=str(path / "config.json"), dtype=dtype, param_dtype=param_dtype,
+                                   **config_overrides)
+  if tokenizer is not None:
+    check_tokenizer(tokenizer, cfg)
+  ckpt = _Checkpoint(path)
+  graphdef, abs_state = nnx.split(abstract_model(cfg))
+  entries = _entries(abs_state, cfg)
+
+  expected = {}
+  for entry, var in entries:
+    shape = var.shape[1:] if entry.stacked else var.shape
+    for name in entry.hf_names(cfg.num_layers):
+      expected[name] = entry.layout.hf_shape(shape)
+  for name, shape in sorted(expected.items(), key=lambda kv: _hf_order(kv[0])):
+    if name not in ckpt.weight_map:
+      raise KeyError(f"{path}: checkpoint has no tensor {name!r} (required by config.json: "
+                     f"model_type={cfg.model_type!r}, num_layers={cfg.num_layers}, "
+                     f"tie_word_embeddings={cfg.tie_word_embeddings})")
+    got = ckpt.shape(name)
+    if got != shape:
+      raise ValueError(f"{ckpt.where(name)}: tensor {name!r} has shape {list(got)}, expected {list(shape)} "
+                       "from config.json")
+  ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+  unexpected = sorted(k for k in ckpt.keys() - expected.keys() - ignorable if not k.endswith("rotary_emb.inv_freq"))
+  if unexpected:
+    raise ValueError(f"{path}: checkpoint tensors not used by a {cfg.model_type} model: {unexpected[:8]}"
+                     + (f" (+{len(unexpected) - 8} more)" if len(unexpected) > 8 else ""))
+
+  shardings = dict(nnx.to_flat_state(state_shardings(abs_state, mesh, rules)))
+  np_dtype = _NP_DTYPES[param_dtype]
+  loaded = []
+  for entry, var in entries:
+    sharding = shardings[entry.path].get_value()
+    loaded.append((entry.path, var.replace(_load_array(ckpt, entry, var.shape, sharding, np_dtype, cfg.num_layers))))
+  return nnx.merge(graphdef, nnx.from_flat_state(loaded))
+
+
+def _load_array(ckpt: _Checkpoint, entry: _Entry, shape, sharding, np_dtype, num_layers: int) -> jax.Array:
+  names = entry.hf_names(num_layers)
+  memo: dict[tuple, np.ndarray] = {}
+
+  def callback(index):
+    index = tuple(slice(*s.indices(n)) for s, n in zip(index, shape))
+    key = tuple((s.start, s.stop) for s in index)
+    if key not in memo:
+      if entry.stacked:
+        layer_shape = shape[1:]
+        parts = [entry.layout.read(lambda i, n=names[l]: ckpt.read(n, i), layer_shape, index[1:])
+                 for l in range(*index[0].indices(shape[0]))]
+        memo[key] = np.stack(parts).astype(np_dtype)
+      else:
+        memo[key] = entry.layout.read(lambda i: ckpt.read(names[0], i), shape, index).astype(np_dtype)
+    return memo[key]
+
+  return jax.make_array_from_callback(tuple(shape), sharding, callback, dtype=np_dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sharding helpers
+
+
+def state_shardings(state_or_model, mesh: Mesh | None, rules: LogicalRules | None = None):
+  """``NamedSharding`` of every variable from its logical ``out_sharding`` names.
+
+  Args:
+    state_or_model: an ``nnx.State`` (concrete or abstract) or an ``nnx.Module``.
+    mesh: target mesh; ``None`` gives a single-device sharding on the first device.
+    rules: logical-to-mesh rules (default :meth:`LogicalRules.default`).
+
+  Returns:
+    A state of the same structure whose variables hold shardings (usable as ``out_shardings`` or in
+    ``jax.device_put``).
+  """
+  state = nnx.state(state_or_model) if isinstance(state_or_model, nnx.Module) else state_or_model
+  rules = rules or LogicalRules.default()
+
+  def one(_, var):
+    if mesh is None:
+      return var.replace(SingleDeviceSharding(jax.devices()[0]))
+    names = var.get_metadata().get("out_sharding")
+    if not names:
+      return var.replace(NamedSharding(mesh, PartitionSpec()))
+    return var.replace(rules.sharding(names, mesh, var.shape))
+
+  return nnx.map_state(one, state)
+
+
+def shard_model(model: Transformer, mesh: Mesh, rules: LogicalRules | None = None) -> Transformer:
+  """A copy of ``model`` with every parameter placed as ``rules`` say on ``mesh``."""
+  graphdef, state = nnx.split(model)
+  state = jax.device_put(state, state_shardings(state, mesh, rules))
+  return nnx.merge(graphdef, state)
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+  """The model with ``jax.ShapeDtypeStruct`` leaves: shapes and metadata, no memory, no init."""
+  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+
+
+def init_model(cfg: ModelConfig, *, mesh: Mesh | None = None, rules: LogicalRules | None = None,
+               seed: int = 0) -> Transformer:
+  """A randomly initialised model, each parameter created directly on its shards (jit + out_shardings).
+
+  The initialiser is compiled once per ``(cfg, mesh, rules)``; the seed is a traced argument.
+  """
+  graphdef, state = _init_fn(cfg, mesh, rules)(jnp.asarray(seed, jnp.uint32))
+  return nnx.merge(graphdef, state)
+
+
+@functools.lru_cache(maxsize=32)
+def _init_fn(cfg: ModelConfig, mesh: Mesh | None, rules: LogicalRules | None):
+  graphdef, abs_state = nnx.split(abstract_model(cfg))
+  shardings = state_shardings(abs_state, mesh, rules)
+
+  def make(seed):
+    return nnx.state(Transformer(cfg, rngs=nnx.Rngs(params=jax.random.key(seed))))
+
+  make = jax.jit(make, out_shardings=shardings)
+  return lambda seed: (graphdef, make(seed))
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving
+
+
+@jax.jit
+def _layer(x: jax.Array, i: jax.Array) -> jax.Array:
+  return jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+
+def _host_array(x: jax.Array, layer: int | None) -> np.ndarray:
+  """``x`` (or its ``layer``-th slice, cut on device) as a host array, gathered across processes."""
+  if layer is not None:
+    x = _layer(x, jnp.asarray(layer, jnp.int32))
+  if not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def save_pretrained(
+    model: Transformer,
+    path: str | os.PathLike,
+    *,
+    tokenizer=None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    dtype: str | None = None,
+    generation_config: Mapping[str, Any] | None = None,
+) -> None:
+  """Writes a directory that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+
+  Files: ``config.json``; ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards plus
+  ``model.safetensors.index.json`` when the tensors exceed ``max_shard_bytes``; the tokenizer's files
+  if ``tokenizer`` is given (checked with :func:`check_tokenizer`); ``generation_config.json`` if
+  ``generation_config`` is given. On several hosts every process must call this (arrays are
+  gathered); only process 0 writes.
+
+  Args:
+    model: the model (any sharding).
+    path: output directory (created).
+    tokenizer: a transformers tokenizer to save alongside.
+    max_shard_bytes: largest safetensors file before splitting.
+    dtype: storage dtype ('float32' or 'bfloat16'); default the model's ``param_dtype``.
+    generation_config: keys for ``generation_config.json``.
+  """
+  from safetensors.numpy import save_file
+
+  cfg = model.cfg
+  dtype = dtype or cfg.param_dtype
+  if dtype not in _NP_DTYPES:
+    raise ValueError(f"dtype: {dtype!r} is not one of {list(_NP_DTYPES)}")
+  if tokenizer is not None:
+    check_tokenizer(tokenizer, cfg)
+  if max_shard_bytes <= 0:
+    raise ValueError(f"max_shard_bytes: must be positive, got {max_shard_bytes!r}")
+  np_dtype = _NP_DTYPES[dtype]
+  itemsize = np.dtype(np_dtype).itemsize
+  state = nnx.state(model)
+
+  # HF order: embedding, layers in order, final norm, head.
+  plan = []  # (hf_name, nbytes, entry, var, layer_slot)
+  for entry, var in _entries(state, cfg):
+    layer_shape = var.shape[1:] if entry.stacked else var.shape
+    nbytes = math.prod(entry.layout.hf_shape(layer_shape)) * itemsize
+    for slot, name in enumerate(entry.hf_names(cfg.num_layers)):
+      plan.append((name, nbytes, entry, var, slot if entry.stacked else None))
+  plan.sort(key=lambda p: _hf_order(p[0]))
+  shards: list[list] = [[]]
+  size = 0
+  for item in plan:
+    if shards[-1] and size + item[1] > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(item)
+    size += item[1]
+
+  writer = jax.process_index() == 0
+  path = Path(path)
+  if writer:
+    path.mkdir(parents=True, exist_ok=True)
+  names = ([SAFETENSORS_FILE] if len(shards) == 1 else
+           [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+  weight_map = {}
+  for fname, shard in zip(names, shards):
+    tensors = {}
+    for name, _, entry, var, slot in shard:
+      tensors[name] = entry.layout.to_hf(_host_array(var.get_value(), slot).astype(np_dtype))
+      weight_map[name] = fname
+    if writer:
+      save_file(tensors, str(path / fname), metadata={"format": "pt"})
+  if not writer:
+    return
+  if len(shards) > 1:
+    total = sum(item[1] for item in plan)
+    with open(path / SAFETENSORS_INDEX, "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+  else:
+    (path / SAFETENSORS_INDEX).unlink(missing_ok=True)
+  extra = {}
+  if tokenizer is not None:
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+      if getattr(tokenizer, k, None) is not None:
+        extra[k] = getattr(tokenizer, k)
+  with open(path / "config.json", "w") as f:
+    json.dump(cfg.to_hf_config(torch_dtype=dtype, **extra), f, indent=2)
+  if generation_config is not None:
+    with open(path / "generation_config.json", "w") as f:
+      json.dump(dict(generation_config), f, indent=2)
+  if tokenizer is not None:
+    tokenizer.save_pretrained(str(path))
+
+
+def _hf_order(name: str):
+  parts = name.split(".")
+  if parts[:2] == ["model", "embed_tokens"]:
+    return (0, 0, name)
+  if parts[:2] == ["model", "layers"]:
+    return (1, int(parts[2]), name)
+  if parts[:2] == ["model", "norm"]:
+    return (2, 0, name)
+  return (3, 0, name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def load_tokenizer(path: str | os.PathLike):
+  """``transformers.AutoTokenizer.from_pretrained`` on a local directory, with a clear error if absent."""
+  path = Path(path)
+  if not path.is_dir():
+    raise FileNotFoundError(f"tokenizer directory {path} does not exist")
+  if not any((path / f).exists() for f in TOKENIZER_FILES):
+    raise FileNotFoundError(f"{path}: no tokenizer files (looked for {', '.join(TOKENIZER_FILES)})")
+  from transformers import AutoTokenizer
+  try:
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+  except Exception as e:  # transformers raises many types; name the directory
+    raise ValueError(f"{path}: could not load the tokenizer: {e}") from e
+
+
+def check_tokenizer(tokenizer, cfg: ModelConfig) -> None:
+  """Raises if the tokenizer can emit ids the embedding has no row for (``len(tokenizer) > vocab_size``).
+
+  A smaller tokenizer is fine (HF checkpoints pad the embedding, e.g. 151936 rows for ~151665 tokens).
+  """
+  n = len(tokenizer)
+  if n > cfg.vocab_size:
+    raise ValueError(
+        f"tokenizer has {n} tokens (len(tokenizer), added tokens included) but the model embedding has "
+        f"vocab_size={cfg.vocab_size} rows: ids >= {cfg.vocab_size} would have no embedding")

@@ -1,0 +1,393 @@
+"""The decoder: one Flax NNX module for the Llama, Qwen2 and Qwen3 families.
+
+Pre-norm blocks ``x += attn(rms(x)); x += mlp(rms(x))`` with grouped-query attention (through
+:func:`jaxrl.kernels.attention` only), RoPE (plain or Llama-3 scaled), optional q/k/v bias (Qwen2)
+and per-head q/k RMSNorm (Qwen3), a SwiGLU MLP and a tied or separate output head. Every parameter
+carries logical axis names in its ``out_sharding`` metadata (``embed``, ``vocab``, ``mlp``,
+``heads``, ``kv_heads``, ``head_dim``, ``layers``, ``norm``); :mod:`jaxrl.sharding` maps them to mesh
+axes. Inputs are packed: ``tokens``, ``positions`` and ``segment_ids`` (0 = padding), each ``[B, T]``.
+
+Reference: the Hugging Face ``modeling_llama.py`` / ``modeling_qwen2.py`` / ``modeling_qwen3.py``
+(transformers 5), whose checkpoints :mod:`jaxrl.models._hf` reads and writes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl import kernels
+from jaxrl.models._config import ModelConfig
+
+INIT_STD = 0.02
+"""Standard deviation of the normal initialiser (HF ``initializer_range``)."""
+
+
+def _param(value: jax.Array, names: tuple[str, ...]) -> nnx.Param:
+  """A parameter annotated with logical axis names (never mesh axes); placement is done elsewhere."""
+  if len(names) != value.ndim:
+    raise ValueError(f"{len(names)} logical names {names} for a parameter of shape {value.shape}")
+  return nnx.Param(value, out_sharding=names, eager_sharding=False)
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> jax.Array:
+  return (INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Layers
+
+
+class RMSNorm(nnx.Module):
+  """Root-mean-square norm over the last axis, computed in float32.
+
+  ``y = x / sqrt(mean(x²) + eps) · scale`` (Zhang & Sennrich 2019); the result is cast back to the
+  input dtype.
+  """
+
+  def __init__(self, dim: int, *, eps: float, param_dtype):
+    self.scale = _param(jnp.ones((dim,), param_dtype), ("norm",))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:  # [..., dim] -> [..., dim]
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_frequencies(cfg: ModelConfig) -> np.ndarray:  # [H / 2] float32
+  """RoPE inverse frequencies ``ω_i = θ^(-2i/H)``, with Llama-3 scaling when configured.
+
+  Llama-3 scaling (``L`` = original context, ``λ_i = 2π/ω_i``): ``ω_i / factor`` when
+  ``λ_i > L / low_freq_factor``; ``ω_i`` when ``λ_i < L / high_freq_factor``; in between
+  ``(1 - s)·ω_i/factor + s·ω_i`` with ``s = (L/λ_i - low_freq_factor) / (high_freq_factor -
+  low_freq_factor)`` (Meta's Llama 3.1 reference; HF ``_compute_llama3_parameters``).
+
+  Returns:
+    float32 numpy array of ``head_dim // 2`` frequencies (a compile-time constant).
+  """
+  h = cfg.head_dim
+  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, h, 2, dtype=np.float64) / h))
+  rs = cfg.rope_scaling
+  if rs is not None:
+    old_len = rs.original_max_position_embeddings
+    low_wavelen = old_len / rs.low_freq_factor
+    high_wavelen = old_len / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+    smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    inv_freq = np.where(medium, smoothed, scaled)
+  return inv_freq.astype(np.float32)
+
+
+def apply_rope(
+    x: jax.Array,  # [B, T, N, H]
+    positions: jax.Array,  # [B, T] int
+    inv_freq: np.ndarray,  # [H / 2]
+) -> jax.Array:  # [B, T, N, H]
+  """Rotary embedding in the rotate-half convention, computed in float32.
+
+  ``x' = x·cos(pω) + rotate_half(x)·sin(pω)`` with ``rotate_half([x1, x2]) = [-x2, x1]`` over the
+  two halves of the head dim and ``ω`` repeated for both halves (Su et al. 2021, RoFormer; HF
+  ``apply_rotary_pos_emb``).
+  """
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, H/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention over packed sequences, optionally reading/writing a KV cache.
+
+  ``q = x·W_q (+b_q)``, ``k, v`` likewise with ``K`` heads; Qwen3 RMS-normalises each q/k head;
+  RoPE on q and k; ``o = attention(q, k, v)·W_o`` with ``attention`` = :func:`jaxrl.kernels.attention`.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    pd = cfg.jnp_param_dtype
+    self.cfg = cfg
+    self.q_proj = _param(_normal(rngs, (d, n, h), pd), ("embed", "heads", "head_dim"))
+    self.k_proj = _param(_normal(rngs, (d, k, h), pd), ("embed", "kv_heads", "head_dim"))
+    self.v_proj = _param(_normal(rngs, (d, k, h), pd), ("embed", "kv_heads", "head_dim"))
+    self.o_proj = _param(_normal(rngs, (n, h, d), pd), ("heads", "head_dim", "embed"))
+    if cfg.attention_bias:
+      self.q_bias = _param(jnp.zeros((n, h), pd), ("heads", "head_dim"))
+      self.k_bias = _param(jnp.zeros((k, h), pd), ("kv_heads", "head_dim"))
+      self.v_bias = _param(jnp.zeros((k, h), pd), ("kv_heads", "head_dim"))
+    else:
+      self.q_bias = self.k_bias = self.v_bias = None
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(h, eps=cfg.rms_norm_eps, param_dtype=pd)
+      self.k_norm = RMSNorm(h, eps=cfg.rms_norm_eps, param_dtype=pd)
+    else:
+      self.q_norm = self.k_norm = None
+
+  def __call__(
+      self,
+      x: jax.Array,  # [B, T, D]
+      *,
+      positions: jax.Array,  # [B, T]
+      segment_ids: jax.Array,  # [B, T]
+      cache: tuple | None = None,  # (k [B,S,K,H], v [B,S,K,H], kv_segment_ids [B,S], kv_positions [B,S], start [B])
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, D], updated (k, v) or None
+    cfg = self.cfg
+    dt = cfg.jnp_dtype
+    q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dt))
+    k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dt))
+    v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dt))
+    if self.q_bias is not None:
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
+    if self.q_norm is not None:
+      q = self.q_norm(q)
+      k = self.k_norm(k)
+    inv_freq = rope_frequencies(cfg)
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq)
+    if cache is None:
+      out = kernels.attention(q, k, v, segment_ids=segment_ids, positions=positions, impl=cfg.attention_impl)
+      new_kv = None
+    else:
+      k_cache, v_cache, kv_segment_ids, kv_positions, start = cache
+      k_cache = _write_rows(k_cache, k.astype(k_cache.dtype), start)  # [B, S, K, H]
+      v_cache = _write_rows(v_cache, v.astype(v_cache.dtype), start)
+      out = kernels.attention(
+          q, k_cache.astype(dt), v_cache.astype(dt), segment_ids=(segment_ids, kv_segment_ids),
+          positions=(positions, kv_positions), impl=cfg.attention_impl)
+      new_kv = (k_cache, v_cache)
+    y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(dt))
+    return y, new_kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: ``(silu(x·W_gate) ⊙ x·W_up)·W_down`` (Shazeer 2020)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_param_dtype
+    self.cfg = cfg
+    self.gate_proj = _param(_normal(rngs, (d, f), pd), ("embed", "mlp"))
+    self.up_proj = _param(_normal(rngs, (d, f), pd), ("embed", "mlp"))
+    self.down_proj = _param(_normal(rngs, (f, d), pd), ("mlp", "embed"))
+
+  def __call__(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
+    dt = self.cfg.jnp_dtype
+    gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt))
+    up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt))
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
+
+
+class Block(nnx.Module):
+  """One pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    pd = cfg.jnp_param_dtype
+    self.attn_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=pd)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=pd)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, *, positions, segment_ids, cache=None):  # [B, T, D] -> ([B, T, D], kv)
+    with jax.named_scope("attention"):
+      y, new_kv = self.attn(self.attn_norm(x), positions=positions, segment_ids=segment_ids, cache=cache)
+      x = x + y
+    with jax.named_scope("mlp"):
+      x = x + self.mlp(self.mlp_norm(x))
+    return x, new_kv
+
+
+def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+  """``buf[b, start[b] + t] = new[b, t]`` for every row (``buf [B, S, ...]``, ``new [B, T, ...]``).
+
+  The caller keeps ``start[b] + T <= S``; ``lax.dynamic_update_slice`` would clamp otherwise.
+  """
+  def one(row, upd, s):
+    return jax.lax.dynamic_update_slice(row, upd, (s,) + (0,) * (row.ndim - 1))
+  return jax.vmap(one)(buf, new, start.astype(jnp.int32))
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache
+
+
+class KVCache(NamedTuple):
+  """Per-layer keys/values plus the segment ids and positions of every cache slot.
+
+  A slot with segment id 0 is empty. Attention of new queries runs over all ``S`` slots, masked by
+  segment (same non-zero id) and position (causal), so rows may hold packed or ragged sequences.
+  """
+
+  k: jax.Array  # [L, B, S, K, H]
+  v: jax.Array  # [L, B, S, K, H]
+  segment_ids: jax.Array  # [B, S] int32
+  positions: jax.Array  # [B, S] int32
+
+  @classmethod
+  def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache (all segment ids 0) of ``max_len`` slots per row, in ``dtype`` (default cfg.dtype)."""
+    dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+               segment_ids=jnp.zeros((batch, max_len), jnp.int32), positions=jnp.zeros((batch, max_len), jnp.int32))
+
+  @staticmethod
+  def logical_axes() -> KVCache:
+    """Logical axis names of each field (map them with ``jaxrl.sharding.LogicalRules``)."""
+    kv = ("layers", "cache_batch", "cache_seq", "cache_kv_heads", "head_dim")
+    return KVCache(k=kv, v=kv, segment_ids=("cache_batch", "cache_seq"), positions=("cache_batch", "cache_seq"))
+
+  def shardings(self, mesh, rules=None) -> KVCache:
+    """A ``NamedSharding`` per field for this cache's shapes (works on ``jax.eval_shape`` output too)."""
+    from jaxrl.sharding import LogicalRules
+    rules = rules or LogicalRules.default()
+    return KVCache(*(rules.sharding(names, mesh, x.shape) for names, x in zip(KVCache.logical_axes(), self)))
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+
+
+class Transformer(nnx.Module):
+  """Decoder-only language model (Llama / Qwen2 / Qwen3).
+
+  Example::
+
+      model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
+      logits = model(tokens, positions=positions, segment_ids=segment_ids)  # [B, T, V] float32
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    pd = cfg.jnp_param_dtype
+    self.embed = _param(_normal(rngs, (cfg.vocab_size, cfg.hidden_size), pd), ("vocab", "embed"))
+    if cfg.scan_layers:
+      keys = jax.random.split(rngs.params(), cfg.num_layers)
+      make = nnx.vmap(lambda key: Block(cfg, rngs=nnx.Rngs(params=key)), in_axes=0, out_axes=0,
+                      transform_metadata={nnx.PARTITION_NAME: "layers"})
+      self.layers = make(keys)
+    else:
+      self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=pd)
+    if cfg.tie_word_embeddings:
+      self.lm_head = None
+    else:
+      self.lm_head = _param(_normal(rngs, (cfg.hidden_size, cfg.vocab_size), pd), ("embed", "vocab"))
+
+  def unembed_matrix(self) -> jax.Array:  # [D, V]
+    """The output projection ``W`` with ``logits = hidden · W`` (the transposed embedding if tied)."""
+    return self.embed[...].T if self.lm_head is None else self.lm_head[...]
+
+  def __call__(
+      self,
+      tokens: jax.Array,  # [B, T] int32
+      *,
+      positions: jax.Array,  # [B, T] int32
+      segment_ids: jax.Array,  # [B, T] int32, 0 = padding
+      cache: KVCache | None = None,
+      cache_start: jax.Array | None = None,  # [B] int32
+      return_hidden: bool = False,
+  ):
+    """Logits (or final normed hidden states) of packed token rows, optionally through a KV cache.
+
+    Args:
+      tokens: token ids ``[B, T]``.
+      positions: position of each token inside its sequence ``[B, T]`` (RoPE and causality).
+      segment_ids: sequence id of each token ``[B, T]``; attention never crosses ids, 0 = padding.
+      cache: a :class:`KVCache`; the ``T`` new tokens' keys/values, segment ids and positions are
+        written to slots ``cache_start[b] + arange(T)`` and the queries attend over the whole cache.
+      cache_start: ``[B]`` first slot written per row (required with ``cache``). The caller keeps
+        ``cache_start + T <= S``.
+      return_hidden: return the final normed hidden states ``[B, T, D]`` (compute dtype) instead of
+        logits; project them with :meth:`unembed_matrix`.
+
+    Returns:
+      ``[B, T, V]`` float32 logits (or ``[B, T, D]`` hidden); with a cache, ``(out, new_cache)``.
+    """
+    cfg = self.cfg
+    if (cache is None) != (cache_start is None):
+      raise ValueError("cache and cache_start must be given together")
+    if tokens.ndim != 2 or positions.shape != tokens.shape or segment_ids.shape != tokens.shape:
+      raise ValueError(
+          f"tokens, positions and segment_ids must all be [B, T]; got {tokens.shape}, {positions.shape}, "
+          f"{segment_ids.shape}")
+    dt = cfg.jnp_dtype
+    with jax.named_scope("embed"):
+      x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)  # [B, T, D]
+
+    if cache is not None:
+      b = tokens.shape[0]
+      want = (cfg.num_layers, b, cache.k.shape[2], cfg.num_kv_heads, cfg.head_dim)
+      if cache.k.shape != want or cache.v.shape != want or cache.segment_ids.shape != (b, want[2]):
+        raise ValueError(f"cache shapes k {cache.k.shape}, v {cache.v.shape}, segment_ids {cache.segment_ids.shape} "
+                         f"do not fit this model and batch: expected k/v {want}")
+      cache_start = jnp.asarray(cache_start, jnp.int32)
+      if cache_start.shape != (b,):
+        raise ValueError(f"cache_start must be [B]=({b},), got shape {cache_start.shape}")
+      kv_segment_ids = _write_rows(cache.segment_ids, segment_ids.astype(jnp.int32), cache_start)  # [B, S]
+      kv_positions = _write_rows(cache.positions, positions.astype(jnp.int32), cache_start)  # [B, S]
+      extra = (kv_segment_ids, kv_positions, cache_start)
+    x, new_k, new_v = self._run_layers(
+        x, positions=positions, segment_ids=segment_ids,
+        kv=None if cache is None else (cache.k, cache.v, *extra))
+
+    with jax.named_scope("final_norm"):
+      h = self.final_norm(x)
+    if return_hidden:
+      out = h
+    else:
+      with jax.named_scope("lm_head"):
+        out = jnp.einsum("btd,dv->btv", h, self.unembed_matrix().astype(dt), preferred_element_type=jnp.float32)
+    if cache is None:
+      return out
+    return out, KVCache(k=new_k, v=new_v, segment_ids=kv_segment_ids, positions=kv_positions)
+
+  def _run_layers(self, x, *, positions, segment_ids, kv):
+    """All blocks over ``x``; with ``kv = (k [L,...], v [L,...], kv_seg, kv_pos, start)`` also the cache."""
+    cfg = self.cfg
+
+    def block_fn(block, x, k_l, v_l):
+      layer_cache = None if k_l is None else (k_l, v_l, *kv[2:])
+      x, new_kv = block(x, positions=positions, segment_ids=segment_ids, cache=layer_cache)
+      return (x, None, None) if new_kv is None else (x, *new_kv)
+
+    if cfg.remat != "none":
+      block_fn = nnx.remat(block_fn, policy=cfg.remat_policy, prevent_cse=not cfg.scan_layers)
+
+    if cfg.scan_layers:
+      with jax.named_scope("layers"):
+        if kv is None:
+          def body(x, block):
+            return block_fn(block, x, None, None)[0]
+          scan = nnx.scan(body, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry,
+                          transform_metadata={nnx.PARTITION_NAME: "layers"})
+          return scan(x, self.layers), None, None
+
+        def body_kv(x, block, k_l, v_l):
+          x, k_l, v_l = block_fn(block, x, k_l, v_l)
+          return x, (k_l, v_l)
+        scan = nnx.scan(body_kv, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0),
+                        transform_metadata={nnx.PARTITION_NAME: "layers"})
+        x, (new_k, new_v) = scan(x, self.layers, kv[0], kv[1])
+        return x, new_k, new_v
+
+    new_k, new_v = [], []
+    for i, block in enumerate(self.layers):
+      with jax.named_scope(f"layer_{i}"):
+        x, k_l, v_l = block_fn(block, x, None if kv is None else kv[0][i], None if kv is None else kv[1][i])
+      new_k.append(k_l)
+      new_v.append(v_l)
+    if kv is None:
+      return x, None, None
+    return x, jnp.stack(new_k), jnp.stack(new_v)

@@ -1,0 +1,764 @@
+"""The KV-cache sampler: prefill and the whole decode loop in one jitted program per shape bucket.
+
+Layout. ``U`` distinct prompts are right-padded to ``P`` (a power of two) and prefilled once; their
+cache rows are broadcast to the ``R = U·n`` sample rows (a sample is a row copy). Row ``r`` holds its
+prompt in cache slots ``[0, p_r)`` and its ``i``-th generated token at slot ``p_r + i`` (position =
+slot), so each row's valid cache is a contiguous prefix. The cache has ``S = P + G`` slots, ``G`` the
+power-of-two bucket of ``max_new_tokens``; rows are padded to a power of two (and a multiple of the
+data-parallel mesh size) with finished dummy rows.
+
+Loop invariant: the cache holds every token of a row's sequence (prompt, then generated) except the
+last, which is *pending* and is fed at the next step — after prefill that is the last prompt token,
+so the first decode step samples token 0 and sampling is compiled once, inside the loop. Row keys come from ``(seed, request id, sample
+index)`` and each step folds in the token index, so draws do not depend on the row slot, the batch,
+the bucket or how the generation is split into interrupted chunks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl import models
+from jaxrl.sampling import _decode
+from jaxrl.sampling._logits import entropy as _entropy
+from jaxrl.sampling._logits import sample_logits
+from jaxrl.sampling._logits import top_logprobs as _top_logprobs
+from jaxrl.sharding import LogicalRules
+
+FINISH_REASONS = ("interrupted", "eos", "stop", "length")
+"""``reason`` codes 0..3; ``interrupted`` only appears for rows a step budget left unfinished."""
+_NEVER = -3  # a stop-sequence entry that matches no token
+_ANY = -1  # a left-padding entry of a right-aligned stop sequence: matches anything
+_FORK_TAG = 0x5EED
+
+
+def length_bucket(n: int, *, minimum: int = 8, maximum: int | None = None) -> int:
+  """The power of two ``>= max(n, minimum)``, capped at ``maximum``."""
+  b = _next_pow2(max(int(n), int(minimum), 1))
+  return b if maximum is None else min(b, int(maximum))
+
+
+def _next_pow2(n: int) -> int:
+  return 1 << (n - 1).bit_length()
+
+
+# --------------------------------------------------------------------------------------------------
+# Results and resumable state
+
+
+@dataclasses.dataclass(frozen=True)
+class TopLogprobs:
+  """The ``k`` most likely tokens at each generated position (OpenAI's ``top_logprobs``)."""
+
+  ids: np.ndarray  # [N, max_new, k] int32 (pad after the end)
+  logprobs: np.ndarray  # [N, max_new, k] float32: log_softmax(logits / T), untruncated
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+  """Completions of one :meth:`Sampler.generate` / :meth:`Sampler.resume` call, rows ``i·n + j``.
+
+  ``tokens`` hold the pad id after ``lengths``; ``logprobs``, ``sampling_logprobs`` and ``entropy`` are
+  0 there and ``versions`` -1. ``state`` is set when a step budget left rows unfinished (or when asked
+  with ``return_state=True``); pass it to :meth:`Sampler.resume` or :meth:`Sampler.fork`.
+  """
+
+  tokens: np.ndarray  # [N, max_new] int32
+  logprobs: np.ndarray  # [N, max_new] float32, see Sampler.generate
+  sampling_logprobs: np.ndarray  # [N, max_new] float32
+  lengths: np.ndarray  # [N] int32
+  finish_reason: list[str]  # "eos" | "stop" | "length" ("interrupted" for unfinished rows)
+  versions: np.ndarray  # [N, max_new] int32: policy version that produced each token
+  prompt_lengths: np.ndarray  # [N] int32
+  prompt_index: np.ndarray  # [N] int32: which input prompt each row continues
+  texts: list[str] | None = None
+  top_logprobs: TopLogprobs | None = None
+  entropy: np.ndarray | None = None  # [N, max_new] float32
+  state: SamplerState | None = None
+
+
+class _Rows(NamedTuple):
+  """Device state of every sample row (the while-loop carry)."""
+
+  cache: models.KVCache  # k, v [L, R, S, K, H]
+  prompt: jax.Array  # [R, P] int32
+  prompt_len: jax.Array  # [R] int32
+  tokens: jax.Array  # [R, G] int32
+  logprobs: jax.Array  # [R, G] float32
+  sampling_logprobs: jax.Array  # [R, G] float32
+  versions: jax.Array  # [R, G] int32
+  entropy: jax.Array | None  # [R, G] float32
+  top_ids: jax.Array | None  # [R, G, k] int32
+  top_values: jax.Array | None  # [R, G, k] float32
+  n_gen: jax.Array  # [R] int32 generated tokens
+  done: jax.Array  # [R] bool
+  reason: jax.Array  # [R] int32, index into FINISH_REASONS
+  keys: jax.Array  # [R] PRNG keys
+  temperature: jax.Array  # [R] float32
+  top_k: jax.Array  # [R] int32
+  top_p: jax.Array  # [R] float32
+  min_p: jax.Array  # [R] float32
+  max_new: jax.Array  # [R] int32
+
+
+class _Stops(NamedTuple):
+  seqs: jax.Array  # [M, Ls] int32, right-aligned, _ANY-padded on the left
+  kind: jax.Array  # [M] int32: 1 eos, 2 stop, 0 dummy
+
+
+@dataclasses.dataclass
+class SamplerState:
+  """A paused generation: every row's tokens, log-probs, versions, finish flags, keys and KV cache.
+
+  Produced by :meth:`Sampler.generate` / :meth:`Sampler.fork`; consumed by :meth:`Sampler.resume`
+  (which donates its cache: a state can be resumed once; fork first to branch).
+  """
+
+  rows: _Rows
+  stops: _Stops
+  num_rows: int
+  max_new_tokens: int
+  prompt_index: np.ndarray  # [N]
+  stop_strings: tuple[str, ...]
+  consumed: bool = False
+
+  @property
+  def finished(self) -> np.ndarray:  # [N] bool
+    return np.asarray(jax.device_get(self.rows.done))[:self.num_rows]
+
+  @property
+  def lengths(self) -> np.ndarray:  # [N] int32
+    return np.asarray(jax.device_get(self.rows.n_gen))[:self.num_rows]
+
+
+# --------------------------------------------------------------------------------------------------
+# The sampler
+
+
+def _per_prompt(name: str, value, count: int, dtype, check) -> np.ndarray:
+  arr = np.asarray(value, dtype=np.float64)
+  if arr.ndim == 0:
+    arr = np.full((count,), arr)
+  elif arr.shape != (count,):
+    raise ValueError(f"{name}: expected a scalar or one value per prompt ({count}), got shape {arr.shape}")
+  for i, x in enumerate(arr):
+    if not check(x):
+      raise ValueError(f"{name}: invalid value {value if np.ndim(value) == 0 else value[i]!r}"
+                       + ("" if np.ndim(value) == 0 else f" for prompt {i}"))
+  return arr.astype(dtype)
+
+
+class Sampler:
+  """Batched, jitted sampling from a :class:`jaxrl.models.Transformer` with a KV cache.
+
+  Example::
+
+      sampler = sampling.Sampler(model, tokenizer, mesh=mesh, max_len=1024)
+      out = sampler.generate(["1+1="], n=4, max_new_tokens=16, temperature=1.0, top_p=0.9, seed=0)
+      out.tokens, out.logprobs, out.lengths, out.finish_reason, out.texts
+
+  Args:
+    model: the model (split once here; parameters are passed to the jitted programs, so new weights
+      of the same shapes never recompile).
+    tokenizer: a transformers tokenizer (optional when prompts are token lists).
+    mesh: the mesh the model lives on; the KV cache is sharded with ``rules`` (rows over
+      ``cache_batch``, kv heads over ``cache_kv_heads``). ``None``: one device.
+    rules: logical-axis rules (default :meth:`LogicalRules.default`).
+    max_len: most cache slots per row (prompt + completion).
+    eos_token_ids: tokens that end a completion with ``"eos"``; default the tokenizer's eos id.
+    pad_token_id: fills ``tokens`` after the end; default the tokenizer's pad id, else 0.
+    cache_dtype: KV-cache dtype (default the model's compute dtype).
+    decode_impl: ``"kernel"``: decode steps call :func:`jaxrl.kernels.decode_attention`, reading only
+      each row's valid cache prefix; ``"model"``: the model's own cache path (attention over all slots,
+      masked).
+    min_bucket: smallest prompt / completion length bucket.
+    add_special_tokens: passed to the tokenizer when encoding string prompts.
+    version: policy version recorded for tokens generated with the current weights.
+  """
+
+  def __init__(self, model, tokenizer=None, *, mesh: Mesh | None = None, rules: LogicalRules | None = None,
+               max_len: int = 2048, eos_token_ids: Sequence[int] | None = None, pad_token_id: int | None = None,
+               cache_dtype: str | None = None, decode_impl: str = "kernel", min_bucket: int = 8,
+               add_special_tokens: bool = True, version: int = 0):
+    if not isinstance(max_len, int) or max_len < 2:
+      raise ValueError(f"max_len: must be an int >= 2, got {max_len!r}")
+    if decode_impl not in ("kernel", "model"):
+      raise ValueError(f"decode_impl: {decode_impl!r} is not one of ['kernel', 'model']")
+    self.cfg = model.cfg
+    self.tokenizer = tokenizer
+    self.mesh = mesh
+    self.rules = rules or LogicalRules.default()
+    self.max_len = max_len
+    self.min_bucket = min_bucket
+    self.decode_impl = decode_impl
+    self.add_special_tokens = add_special_tokens
+    self.cache_dtype = jnp.dtype(cache_dtype or self.cfg.dtype)
+    if eos_token_ids is None:
+      eos = getattr(tokenizer, "eos_token_id", None)
+      eos_token_ids = [] if eos is None else [eos]
+    self.eos_token_ids = tuple(self._check_token(t, "eos_token_ids") for t in eos_token_ids)
+    if pad_token_id is None:
+      pad_token_id = getattr(tokenizer, "pad_token_id", None)
+      pad_token_id = 0 if pad_token_id is None else pad_token_id
+    self.pad_token_id = int(pad_token_id)
+    if mesh is not None:
+      model = models.shard_model(model, mesh, self.rules)
+    self.graphdef, self.params = nnx.split(model)
+    self.version = int(version)
+    self._dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in self.rules.mesh_axes("cache_batch"))
+    self._programs = _programs(self.graphdef, self.cfg, mesh, self.rules, self.cache_dtype, self.pad_token_id,
+                               decode_impl)
+
+  # ------------------------------------------------------------------------------------------------
+  # Public API
+
+  @property
+  def compile_counts(self) -> collections.Counter[str]:
+    """Traces (= compilations) per jitted program: ``prefill``, ``decode``, ``recompute``, ``fork``.
+
+    Programs are shared by samplers of the same model structure, mesh and options, so a second such
+    sampler starts from the first one's compiled buckets.
+    """
+    return self._programs.counts
+
+  @property
+  def compile_count(self) -> int:
+    """Total traces of all programs (see :attr:`compile_counts`)."""
+    return sum(self.compile_counts.values())
+
+  def set_weights(self, model, *, version: int | None = None) -> None:
+    """Uses ``model``'s parameters from now on (same architecture); ``version`` defaults to +1."""
+    graphdef, params = nnx.split(model if self.mesh is None else models.shard_model(model, self.mesh, self.rules))
+    if graphdef != self.graphdef:
+      raise ValueError("set_weights: the new model's structure differs from the sampler's model")
+    self.params = params
+    self.version = self.version + 1 if version is None else int(version)
+
+  def generate(
+      self,
+      prompts,
+      *,
+      n: int = 1,
+      max_new_tokens: int = 64,
+      temperature=1.0,
+      top_p=1.0,
+      top_k=0,
+      min_p=0.0,
+      seed: int = 0,
+      request_ids: Sequence[int] | None = None,
+      stop_token_ids: Sequence[int | str] = (),
+      stop_strings: Sequence[str] = (),
+      return_top_logprobs: int = 0,
+      return_entropy: bool = False,
+      max_steps: int | None = None,
+      return_state: bool = False,
+  ) -> SampleOutput:
+    """Samples ``n`` completions per prompt; prefill and decode loop run in one jitted program.
+
+    Log-prob contract (both ``[N, max_new]`` float32, 0 after the end):
+      * ``logprobs[i, t] = log_softmax(logits_t / T)[token_t]`` of the full, *untruncated*
+        distribution — exactly what a trainer recomputes from a forward pass over prompt + completion
+        (with ``T = 1`` for greedy rows, ``T = 0``).
+      * ``sampling_logprobs[i, t]`` = the log-prob under the truncated (top-k, top-p, min-p),
+        renormalised distribution actually sampled from (0 for greedy rows).
+
+    Args:
+      prompts: strings or token-id lists (a single string or a flat list of ids is one prompt).
+      n: samples per prompt; they share one prefill. Output rows are ``prompt·n + sample``.
+      max_new_tokens: most tokens per completion (fewer if ``prompt + max_new_tokens > max_len``).
+      temperature: ``>= 0`` (0 = greedy); a scalar or one value per prompt. Likewise ``top_p``
+        (``(0, 1]``), ``top_k`` (``>= 0``, 0 = off) and ``min_p`` (``[0, 1]``, 0 = off).
+      seed: base of the per-row PRNG keys ``fold_in(fold_in(key(seed), request_id), sample)``.
+      request_ids: one int per prompt (default ``0..len(prompts)-1``); with the seed it fixes a row's
+        draws, whatever else is in the batch.
+      stop_token_ids: extra ids (or single-token strings) that end a completion with ``"stop"``.
+      stop_strings: strings that end a completion with ``"stop"``: matched on device against their
+        tokenisation, and on the decoded text afterwards; the completion keeps the token that
+        completes the string.
+      return_top_logprobs: ``k > 0`` also returns the ``k`` most likely tokens per step.
+      return_entropy: also return the per-token entropy of ``softmax(logits / T)``.
+      max_steps: stop after this many tokens per row and return a resumable ``state``.
+      return_state: return the state even when every row finished.
+
+    Returns:
+      A :class:`SampleOutput`.
+    """
+    ids = self._encode_prompts(prompts)
+    count = len(ids)
+    if not isinstance(n, int) or n < 1:
+      raise ValueError(f"n: must be a positive int, got {n!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+      raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps <= 0):
+      raise ValueError(f"max_steps: must be a positive int or None, got {max_steps!r}")
+    if not isinstance(return_top_logprobs, int) or not 0 <= return_top_logprobs <= self.cfg.vocab_size:
+      raise ValueError(f"return_top_logprobs: must be an int in [0, {self.cfg.vocab_size}], got "
+                       f"{return_top_logprobs!r}")
+    temp = _per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
+    tp = _per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
+    tk = _per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
+    mp = _per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
+    if request_ids is None:
+      request_ids = np.arange(count)
+    request_ids = np.asarray(request_ids)
+    if request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer):
+      raise ValueError(f"request_ids: expected {count} ints, got {request_ids!r}")
+    stops, stop_strings = self._stops(stop_token_ids, stop_strings)
+
+    lens = np.array([len(x) for x in ids], np.int32)
+    p_bucket = length_bucket(int(lens.max()), minimum=self.min_bucket)
+    g_bucket = length_bucket(max_new_tokens, minimum=self.min_bucket, maximum=self.max_len)
+    u_rows = self._row_bucket(count)
+    r_rows = self._row_bucket(count * n)
+    prompt_arr = np.zeros((u_rows, p_bucket), np.int32)
+    for i, x in enumerate(ids):
+      prompt_arr[i, :len(x)] = x
+    prompt_len = np.ones((u_rows,), np.int32)
+    prompt_len[:count] = lens
+    rows = np.arange(r_rows)
+    real = rows < count * n
+    src = np.where(real, rows // n, 0).astype(np.int32)
+
+    def per_row(a, fill):
+      return np.where(real, a[src], fill).astype(a.dtype)
+
+    max_new = per_row(np.minimum(max_new_tokens, self.max_len - lens), 1).astype(np.int32)
+    args = dict(
+        prompt=prompt_arr, prompt_len=prompt_len, src=src, active=real,
+        request=per_row(request_ids.astype(np.int32), 0), sample=np.where(real, rows % n, 0).astype(np.int32),
+        temperature=per_row(temp, 0.0), top_k=per_row(tk, 0), top_p=per_row(tp, 1.0), min_p=per_row(mp, 0.0),
+        max_new=max_new)
+    args = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jnp.asarray(v) for k, v in args.items()}
+    budget = jnp.int32(g_bucket if max_steps is None else max_steps)
+    rows_out = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **args, gen_len=g_bucket,
+                                 k_top=return_top_logprobs, want_entropy=return_entropy)
+    rows_out = self._programs.decode(self.params, rows_out, stops, budget, jnp.int32(self.version))
+    state = SamplerState(rows=rows_out, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
+                         prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings)
+    return self._finish(state, return_state=return_state)
+
+  def resume(self, state: SamplerState, new_model=None, *, version: int | None = None,
+             max_steps: int | None = None, return_state: bool = False) -> SampleOutput:
+    """Continues a paused generation; with ``new_model``, first recomputes its KV cache.
+
+    With new weights (AReaL-style interruptible generation), the cache of every row is recomputed in
+    one prefill over the prompt and all tokens generated so far, and the tokens generated from here
+    on record ``version`` (default: the sampler's version + 1). Without, the state's cache is reused,
+    so an interrupted and resumed run gives exactly the tokens of an uninterrupted one.
+
+    Args:
+      state: from :meth:`generate`, :meth:`fork` or an earlier :meth:`resume`; consumed (its cache is
+        donated).
+      new_model: a model of the same architecture with new weights (kept for later calls).
+      version: policy version for the tokens generated from now on.
+      max_steps: pause again after this many more tokens per row.
+      return_state: return the state even when every row finished.
+
+    Returns:
+      A :class:`SampleOutput` over all tokens so far (not just the continuation).
+    """
+    self._check_state(state)
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps <= 0):
+      raise ValueError(f"max_steps: must be a positive int or None, got {max_steps!r}")
+    if new_model is not None:
+      self.set_weights(new_model, version=version)
+    elif version is not None:
+      self.version = int(version)
+    gen_len = state.rows.tokens.shape[1]
+    budget = jnp.int32(gen_len if max_steps is None else max_steps)
+    state.consumed = True
+    rows = state.rows
+    if new_model is not None:
+      rows = self._programs.recompute(self.params, rows)
+    rows = self._programs.decode(self.params, rows, state.stops, budget, jnp.int32(self.version))
+    new = dataclasses.replace(state, rows=rows, consumed=False)
+    return self._finish(new, return_state=return_state)
+
+  def fork(self, state: SamplerState, rows: Sequence[int], k: int) -> SamplerState:
+    """``k`` independent continuations of each chosen row, sharing its prefix (ARPO-style branching).
+
+    The chosen rows' KV cache, tokens, log-probs and versions are copied (no prefix recompute); child
+    ``j`` of a row draws from ``fold_in(fold_in(row_key, tag), j)``. Continue with :meth:`resume`.
+
+    Args:
+      state: an unconsumed state; it stays valid.
+      rows: indices of unfinished rows in ``state``.
+      k: children per row.
+
+    Returns:
+      A new state with ``len(rows)·k`` rows, ordered ``row·k + child``.
+    """
+    self._check_state(state)
+    rows = [int(r) for r in rows]
+    if not rows:
+      raise ValueError("fork: rows is empty")
+    if not isinstance(k, int) or k < 1:
+      raise ValueError(f"fork: k must be a positive int, got {k!r}")
+    finished = state.finished
+    for r in rows:
+      if not 0 <= r < state.num_rows:
+        raise ValueError(f"fork: row {r} is out of range [0, {state.num_rows})")
+      if finished[r]:
+        raise ValueError(f"fork: row {r} has already finished; only unfinished rows can branch")
+    count = len(rows) * k
+    r_rows = self._row_bucket(count)
+    idx = np.arange(r_rows)
+    real = idx < count
+    src = np.where(real, np.asarray(rows)[np.minimum(idx // k, len(rows) - 1)], rows[0]).astype(np.int32)
+    child = np.where(real, idx % k, 0).astype(np.int32)
+    new_rows = self._programs.fork(state.rows, self._put_rows(src), self._put_rows(child), self._put_rows(real))
+    return SamplerState(rows=new_rows, stops=state.stops, num_rows=count, max_new_tokens=state.max_new_tokens,
+                        prompt_index=state.prompt_index[np.asarray(rows)].repeat(k),
+                        stop_strings=state.stop_strings)
+
+  # ------------------------------------------------------------------------------------------------
+  # Input handling
+
+  def _check_token(self, t, name: str) -> int:
+    if isinstance(t, str):
+      if self.tokenizer is None:
+        raise ValueError(f"{name}: {t!r} is a string but the sampler has no tokenizer")
+      tid = self.tokenizer.convert_tokens_to_ids(t)
+      unk = getattr(self.tokenizer, "unk_token_id", None)
+      if tid is None or (tid == unk and t != getattr(self.tokenizer, "unk_token", None)):
+        raise ValueError(f"{name}: {t!r} is not a token of the tokenizer's vocabulary")
+      t = tid
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < self.cfg.vocab_size:
+      raise ValueError(f"{name}: {t!r} is not a token id in [0, {self.cfg.vocab_size})")
+    return int(t)
+
+  def _encode_prompts(self, prompts) -> list[list[int]]:
+    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                    and all(isinstance(x, (int, np.integer)) for x in prompts)):
+      prompts = [prompts]
+    if isinstance(prompts, np.ndarray):
+      prompts = list(prompts) if prompts.ndim == 2 else [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+      raise ValueError("prompts: expected a non-empty list of strings or token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+      if isinstance(p, str):
+        if self.tokenizer is None:
+          raise ValueError(f"prompts[{i}] is a string but the sampler has no tokenizer")
+        ids = list(self.tokenizer.encode(p, add_special_tokens=self.add_special_tokens))
+      else:
+        ids = [int(t) for t in np.asarray(p).reshape(-1)] if np.ndim(p) else None
+        if ids is None:
+          raise ValueError(f"prompts[{i}]: expected a string or a list of token ids, got {p!r}")
+        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+          raise ValueError(f"prompts[{i}]: token ids {bad[:4]} are outside [0, {self.cfg.vocab_size})")
+      if not ids:
+        raise ValueError(f"prompts[{i}] is empty (no tokens); every prompt needs at least one token")
+      if len(ids) >= self.max_len:
+        raise ValueError(f"prompts[{i}] has {len(ids)} tokens, but max_len={self.max_len} leaves no room for a "
+                         "completion; shorten the prompt or raise max_len")
+      out.append(ids)
+    return out
+
+  def _stops(self, stop_token_ids, stop_strings) -> tuple[_Stops, tuple[str, ...]]:
+    if isinstance(stop_strings, str):
+      stop_strings = [stop_strings]
+    seqs = [([t], 1) for t in self.eos_token_ids]
+    seqs += [([self._check_token(t, "stop_token_ids")], 2) for t in stop_token_ids]
+    for s in stop_strings:
+      if not isinstance(s, str) or not s:
+        raise ValueError(f"stop_strings: {s!r} is not a non-empty string")
+      if self.tokenizer is None:
+        raise ValueError("stop_strings need a tokenizer")
+      ids = list(self.tokenizer.encode(s, add_special_tokens=False))
+      if ids:
+        seqs.append((ids, 2))
+    m = _next_pow2(max(len(seqs), 1))
+    ls = _next_pow2(max([len(s) for s, _ in seqs] + [1]))
+    arr = np.full((m, ls), _NEVER, np.int32)
+    kind = np.zeros((m,), np.int32)
+    for i, (s, k) in enumerate(seqs):
+      arr[i, :ls - len(s)] = _ANY
+      arr[i, ls - len(s):] = s
+      kind[i] = k
+    return _Stops(jnp.asarray(arr), jnp.asarray(kind)), tuple(stop_strings)
+
+  def _row_bucket(self, count: int) -> int:
+    b = _next_pow2(count)
+    return -(-b // self._dp) * self._dp
+
+  def _put_rows(self, x: np.ndarray) -> jax.Array:
+    s = self._programs.row_sharding(np.ndim(x))
+    return jnp.asarray(x) if s is None else jax.device_put(x, s)
+
+  def _check_state(self, state) -> None:
+    if not isinstance(state, SamplerState):
+      raise TypeError(f"expected a SamplerState, got {type(state).__name__}")
+    if state.consumed:
+      raise ValueError("this SamplerState was already resumed (its KV cache was donated); fork it before "
+                       "resuming to keep a copy")
+
+  # ------------------------------------------------------------------------------------------------
+  # Host side
+
+  def _finish(self, state: SamplerState, *, return_state: bool) -> SampleOutput:
+    rows = state.rows
+    fetch = dict(tokens=rows.tokens, logprobs=rows.logprobs, sampling_logprobs=rows.sampling_logprobs,
+                 versions=rows.versions, n_gen=rows.n_gen, done=rows.done, reason=rows.reason,
+                 prompt_len=rows.prompt_len, entropy=rows.entropy, top_ids=rows.top_ids,
+                 top_values=rows.top_values)
+    host = {k: None if v is None else np.array(v[:state.num_rows]) for k, v in jax.device_get(fetch).items()}
+    m = state.max_new_tokens
+    lengths = host["n_gen"].astype(np.int32)
+    reason = host["reason"].copy()
+    done = host["done"].copy()
+    if state.stop_strings and self.tokenizer is not None:
+      for i in range(state.num_rows):
+        cut = self._stop_string_end(host["tokens"][i, :lengths[i]], state.stop_strings)
+        if cut is not None and (cut < lengths[i] or reason[i] != 2):
+          lengths[i], reason[i], done[i] = cut, 2, True
+      if not np.array_equal(lengths, host["n_gen"]) or not np.array_equal(done, host["done"]):
+        pad = lambda a: np.concatenate([a, np.asarray(jax.device_get(getattr(rows, name)))[state.num_rows:]])
+        upd = {}
+        for name, a in (("n_gen", lengths), ("done", done), ("reason", reason.astype(np.int32))):
+          old = getattr(rows, name)
+          upd[name] = jax.device_put(pad(a), old.sharding)
+        state = dataclasses.replace(state, rows=rows._replace(**upd))
+    valid = np.arange(host["tokens"].shape[1])[None, :] < lengths[:, None]  # [N, G]
+
+    def clip(a, fill):
+      if a is None:
+        return None
+      mask = valid.reshape(valid.shape + (1,) * (a.ndim - 2))
+      return np.where(mask, a, np.asarray(fill, a.dtype))[:, :m]
+
+    tokens = clip(host["tokens"], self.pad_token_id)
+    texts = None
+    if self.tokenizer is not None:
+      texts = [self.tokenizer.decode(tokens[i, :lengths[i]].tolist(), skip_special_tokens=True)
+               for i in range(state.num_rows)]
+    top = None
+    if host["top_ids"] is not None:
+      top = TopLogprobs(ids=clip(host["top_ids"], self.pad_token_id), logprobs=clip(host["top_values"], 0.0))
+    keep = return_state or not bool(done.all())
+    return SampleOutput(
+        tokens=tokens, logprobs=clip(host["logprobs"], 0.0), sampling_logprobs=clip(host["sampling_logprobs"], 0.0),
+        lengths=lengths, finish_reason=[FINISH_REASONS[c] for c in reason], versions=clip(host["versions"], -1),
+        prompt_lengths=host["prompt_len"].astype(np.int32), prompt_index=state.prompt_index.copy(), texts=texts,
+        top_logprobs=top, entropy=clip(host["entropy"], 0.0), state=state if keep else None)
+
+  def _stop_string_end(self, tokens: np.ndarray, stop_strings: tuple[str, ...]) -> int | None:
+    """Fewest leading tokens whose decoded text contains a stop string, or None."""
+    decode = lambda k: self.tokenizer.decode(tokens[:k].tolist(), skip_special_tokens=False)
+    if not any(s in decode(len(tokens)) for s in stop_strings):
+      return None
+    lo, hi = 1, len(tokens)  # answer in [lo, hi]
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if any(s in decode(mid) for s in stop_strings):
+        hi = mid
+      else:
+        lo = mid + 1
+    return lo
+
+
+class _Programs:
+  """The jitted device programs for one (model structure, mesh, options); shared by equal samplers.
+
+  ``counts`` counts traces per program: a trace happens exactly when a program compiles for a new
+  input shape bucket.
+  """
+
+  def __init__(self, graphdef, cfg, mesh, rules, cache_dtype, pad_token_id, decode_impl):
+    self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
+    self.cache_dtype, self.pad_token_id, self.decode_impl = cache_dtype, pad_token_id, decode_impl
+    self.counts: collections.Counter[str] = collections.Counter()
+    self.prefill = jax.jit(self._prefill_program, static_argnames=("gen_len", "k_top", "want_entropy"))
+    self.decode = jax.jit(self._decode_program, donate_argnames=("rows",))
+    self.recompute = jax.jit(self._recompute_program, donate_argnames=("rows",))
+    self.fork = jax.jit(self._fork_program)
+
+  def row_sharding(self, ndim: int) -> NamedSharding | None:
+    if self.mesh is None:
+      return None
+    return NamedSharding(self.mesh, PartitionSpec(*self.rules.spec(("cache_batch",), self.mesh), *[None] * (ndim - 1)))
+
+  def constrain_rows(self, rows: _Rows) -> _Rows:
+    if self.mesh is None:
+      return rows
+    axes = models.KVCache.logical_axes()
+    cache = jax.tree.map(
+        lambda x, names: jax.lax.with_sharding_constraint(x, self.rules.sharding(names, self.mesh, x.shape)),
+        rows.cache, axes, is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x))
+
+    def one(x):
+      return jax.lax.with_sharding_constraint(x, self.row_sharding(x.ndim)) if x is not None else None
+    rest = {f: one(getattr(rows, f)) for f in _Rows._fields if f != "cache" and f != "keys"}
+    return rows._replace(cache=cache, **rest)
+
+  def _prefill_program(self, params, seed, *, prompt, prompt_len, src, active, request, sample, temperature,
+                       top_k, top_p, min_p, max_new, gen_len, k_top, want_entropy):
+    """Prefills every prompt's first ``p - 1`` tokens once and copies the cache to its sample rows.
+
+    The last prompt token is left pending (``n_gen = 0``): the first decode step feeds it and samples
+    token 0, so sampling is compiled once, inside the loop.
+    """
+    self.counts["prefill"] += 1
+    model = nnx.merge(self.graphdef, params)
+    cfg = self.cfg
+    u, p = prompt.shape
+    r = src.shape[0]
+    s = p + gen_len
+    with jax.named_scope("prefill"):
+      seg = (jnp.arange(p)[None, :] < prompt_len[:, None] - 1).astype(jnp.int32)  # [U, P]
+      pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (u, p))
+      cache = models.KVCache.init(cfg, u, p, self.cache_dtype)
+      _, cache = model(prompt, positions=pos, segment_ids=seg, cache=cache,
+                       cache_start=jnp.zeros((u,), jnp.int32), return_hidden=True)
+
+    def grow(x, axis):  # pad the slot axis to S, then copy prompt rows to sample rows
+      widths = [(0, 0)] * x.ndim
+      widths[axis] = (0, s - p)
+      return jnp.take(jnp.pad(x, widths), src, axis=axis - 1)
+
+    cache = models.KVCache(k=grow(cache.k, 2), v=grow(cache.v, 2), segment_ids=grow(cache.segment_ids, 1),
+                           positions=grow(cache.positions, 1))
+    base = jax.random.key(seed)
+    keys = jax.vmap(lambda q, j: jax.random.fold_in(jax.random.fold_in(base, q), j))(request, sample)
+    g = gen_len
+    rows = _Rows(
+        cache=cache, prompt=prompt[src], prompt_len=prompt_len[src],
+        tokens=jnp.full((r, g), self.pad_token_id, jnp.int32), logprobs=jnp.zeros((r, g), jnp.float32),
+        sampling_logprobs=jnp.zeros((r, g), jnp.float32), versions=jnp.full((r, g), -1, jnp.int32),
+        entropy=jnp.zeros((r, g), jnp.float32) if want_entropy else None,
+        top_ids=jnp.zeros((r, g, k_top), jnp.int32) if k_top else None,
+        top_values=jnp.zeros((r, g, k_top), jnp.float32) if k_top else None,
+        n_gen=jnp.zeros((r,), jnp.int32), done=~active, reason=jnp.zeros((r,), jnp.int32), keys=keys,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new=max_new)
+    return self.constrain_rows(rows)
+
+  def _recompute_program(self, params, rows):
+    self.counts["recompute"] += 1
+    model = nnx.merge(self.graphdef, params)
+    with jax.named_scope("recompute_cache"):
+      rows = rows._replace(cache=_recompute_cache(model, rows, self.cache_dtype))
+    return self.constrain_rows(rows)
+
+  def _decode_program(self, params, rows, stops, budget, version):
+    self.counts["decode"] += 1
+    return self._decode_loop(params, rows, stops, budget, version)
+
+  def _fork_program(self, rows, src, child, real):
+    self.counts["fork"] += 1
+    take = lambda x: None if x is None else jnp.take(x, src, axis=0)
+    cache = rows.cache
+    new_cache = models.KVCache(k=jnp.take(cache.k, src, axis=1), v=jnp.take(cache.v, src, axis=1),
+                               segment_ids=take(cache.segment_ids), positions=take(cache.positions))
+    fields = {f: take(getattr(rows, f)) for f in _Rows._fields if f != "cache"}
+    keys = jax.vmap(lambda k, j: jax.random.fold_in(jax.random.fold_in(k, _FORK_TAG), j))(fields["keys"], child)
+    fields.update(keys=keys, done=fields["done"] | ~real)
+    return self.constrain_rows(_Rows(cache=new_cache, **fields))
+
+  def _decode_loop(self, params, rows: _Rows, stops: _Stops, budget, version) -> _Rows:
+    def cond(carry):
+      rows, step, _ = carry
+      return (step < budget) & jnp.any(~rows.done)
+
+    def body(carry):
+      rows, step, params = carry  # params ride in the carry: NNX modules cannot cross trace levels
+      model = nnx.merge(self.graphdef, params)
+      with jax.named_scope("decode_step"):
+        pos = rows.prompt_len + rows.n_gen - 1  # [R] slot of the pending token
+        token = jnp.where(
+            rows.n_gen > 0,
+            jnp.take_along_axis(rows.tokens, jnp.maximum(rows.n_gen - 1, 0)[:, None], axis=1)[:, 0],
+            jnp.take_along_axis(rows.prompt, jnp.maximum(pos, 0)[:, None], axis=1)[:, 0])
+        if self.decode_impl == "kernel":
+          logits, cache = _decode.decode_step(model, token, pos, rows.cache, mesh=self.mesh, rules=self.rules)
+        else:
+          out, cache = model(token[:, None], positions=pos[:, None], segment_ids=jnp.ones_like(pos)[:, None],
+                             cache=rows.cache, cache_start=pos)
+          logits = out[:, 0]
+        rows = self.constrain_rows(rows._replace(cache=cache))
+        rows = _emit(rows, logits, version, stops)
+      return rows, step + 1, params
+
+    rows, _, _ = jax.lax.while_loop(cond, body, (rows, jnp.int32(0), params))
+    return rows
+
+
+
+@functools.lru_cache(maxsize=64)
+def _programs(graphdef, cfg, mesh, rules, cache_dtype, pad_token_id, decode_impl) -> _Programs:
+  return _Programs(graphdef, cfg, mesh, rules, cache_dtype, pad_token_id, decode_impl)
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure device functions
+
+
+def _emit(rows: _Rows, logits: jax.Array, version: jax.Array, stops: _Stops) -> _Rows:
+  """Samples token ``n_gen`` of every unfinished row from ``logits [R, V]`` and checks the stop rules."""
+  r, g = rows.tokens.shape
+  active = ~rows.done
+  idx = rows.n_gen
+  step_keys = jax.vmap(jax.random.fold_in)(rows.keys, idx)
+  out = sample_logits(logits, step_keys, temperature=rows.temperature, top_k=rows.top_k, top_p=rows.top_p,
+                      min_p=rows.min_p)
+  at = jnp.where(active, idx, g)  # out of bounds for finished rows: the write is dropped
+  ar = jnp.arange(r)
+
+  def put(buf, value):
+    return buf.at[ar, at].set(value.astype(buf.dtype), mode="drop")
+
+  upd = dict(tokens=put(rows.tokens, out.tokens), logprobs=put(rows.logprobs, out.logprobs),
+             sampling_logprobs=put(rows.sampling_logprobs, out.sampling_logprobs),
+             versions=put(rows.versions, jnp.broadcast_to(version, (r,))))
+  if rows.entropy is not None:
+    upd["entropy"] = put(rows.entropy, _entropy(logits, rows.temperature))
+  if rows.top_ids is not None:
+    ids, values = _top_logprobs(logits, rows.temperature, rows.top_ids.shape[-1])
+    upd["top_ids"] = put(rows.top_ids, ids)
+    upd["top_values"] = put(rows.top_values, values)
+  n_gen = idx + active.astype(jnp.int32)
+  tokens = upd["tokens"]
+  ls = stops.seqs.shape[1]
+  offs = n_gen[:, None] - ls + jnp.arange(ls)[None, :]  # [R, Ls] indices of the last Ls tokens
+  window = jnp.take_along_axis(tokens, jnp.clip(offs, 0, g - 1), axis=1)
+  window = jnp.where(offs >= 0, window, _NEVER - 1)
+  seqs = stops.seqs[None]  # [1, M, Ls]
+  match = jnp.all((seqs == _ANY) | (seqs == window[:, None, :]), axis=-1)  # [R, M]
+  eos = jnp.any(match & (stops.kind == 1)[None], axis=-1)
+  stop = jnp.any(match & (stops.kind == 2)[None], axis=-1)
+  length = n_gen >= rows.max_new
+  reason = jnp.where(eos, 1, jnp.where(stop, 2, jnp.where(length, 3, 0)))
+  finished = active & (eos | stop | length)
+  return rows._replace(n_gen=n_gen, done=rows.done | finished, reason=jnp.where(finished, reason, rows.reason), **upd)
+
+
+def _recompute_cache(model, rows: _Rows, dtype) -> models.KVCache:
+  """KV cache of every row's sequence (prompt + generated) except the pending last token, in one prefill."""
+  r, p = rows.prompt.shape
+  s = rows.cache.k.shape[2]
+  slot = jnp.arange(s)[None, :]  # [1, S]
+  pl = rows.prompt_len[:, None]
+  gen_idx = jnp.clip(slot - pl, 0, rows.tokens.shape[1] - 1)
+  from_prompt = jnp.pad(rows.prompt, ((0, 0), (0, s - p)))  # [R, S]
+  from_gen = jnp.take_along_axis(rows.tokens, gen_idx, axis=1)
+  tokens = jnp.where(slot < pl, from_prompt, from_gen)  # [R, S]
+  valid = slot < pl + rows.n_gen[:, None] - 1
+  seg = valid.astype(jnp.int32)
+  tokens = jnp.where(valid, tokens, 0)
+  pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (r, s))
+  cache = models.KVCache.init(model.cfg, r, s, dtype)
+  _, cache = model(tokens, positions=pos, segment_ids=seg, cache=cache, cache_start=jnp.zeros((r,), jnp.int32),
+                   return_hidden=True)
+  return cache
+
