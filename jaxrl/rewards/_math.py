@@ -94,9 +94,7 @@ def extract_boxed(text: str) -> str | None:
   return None
 
 
-_ANSWER_LINE = re.compile(
-  r"(?:final\s+answer|answer)\s*(?:is|:|=)?\s*[:=]?\s*(.+)", re.IGNORECASE
-)
+_ANSWER_LINE = re.compile(r"\b(?:final\s+answer|answer)\b(?:\s+is\b|\s*[:=])\s*(.+)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 

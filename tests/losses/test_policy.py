@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl.losses import _policy
+from jaxrl.losses._aggregate import loss_weights
 from jaxrl.losses._policy import OBJECTIVES, prox_logprobs_loglinear, register_objective
 
 B, T = 4, 8
@@ -261,7 +262,8 @@ def _hand(lp, old, adv):
   lp = np.log(np.asarray(lp, np.float64))
   old = np.log(np.asarray(old, np.float64))
   adv = np.asarray(adv, np.float64)
-  return dict(lp=lp[None], old=old[None], adv=adv[None], mask=np.ones((1, lp.size)), w=np.full((1, lp.size), 1 / lp.size))
+  n = lp.size
+  return dict(lp=lp[None], old=old[None], adv=adv[None], mask=np.ones((1, n)), w=np.full((1, n), 1 / n))
 
 
 def test_ppo_clip_hand_example():
@@ -292,7 +294,7 @@ def test_dual_clip_hand_example():
 
 
 def test_dppo_tv_hand_example_masks_probability_jump():
-  # p_old = 0.5 → p = 0.7 with A > 0: Δp = 0.2 > δ = 0.15 → masked; Δp = 0.1 → kept: ℓ = -1·1.2·log 0.6.
+  # p_old = 0.5, A > 0: p = 0.7 (Δp = 0.2 > δ = 0.15) is masked; p = 0.6 is kept: ℓ = -1.2·log 0.6.
   d = _hand([0.7, 0.6], [0.5, 0.5], [1.0, 1.0])
   loss, metrics = _call("dppo_mask", d)
   np.testing.assert_allclose(float(loss), 0.5 * (-1.2 * math.log(0.6)), rtol=1e-6)
@@ -528,7 +530,6 @@ def test_zero_advantages_give_finite_loss_and_no_policy_gradient_signal(name):
 def test_single_sample_groups_and_masked_nan_padding_are_finite(name):
   d = _batch(21)
   f32 = lambda x: jnp.asarray(x, jnp.float32)
-  from jaxrl.losses._aggregate import loss_weights
   w = loss_weights(f32(d["mask"]), mode="prompt_mean", group_ids=jnp.arange(B), num_groups=B)
   pad = f32(d["mask"]) == 0
   lp = jnp.where(pad, -jnp.inf, f32(d["lp"]))

@@ -123,6 +123,7 @@ def test_extract_boxed_handles_nesting_and_variants(text, expected):
   ("**Answer:** 7", ("7", "answer_line")),
   ("we get 3 then 1,024 and -2.5", ("-2.5", "last_number")),
   ("ratio 3/4", ("3/4", "last_number")),
+  ("I answered: see 9 below", ("9", "last_number")),
   ("nothing numeric", None),
 ])
 def test_extract_answer_falls_back_in_order(text, expected):

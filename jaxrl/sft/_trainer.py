@@ -1,0 +1,300 @@
+"""Supervised fine-tuning on packed sequences: config, loop, evaluation, checkpoints, export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl import data as data_lib
+from jaxrl import losses, models, sharding, train
+from jaxrl.models._source import ModelSource
+
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
+               "TPU v5": 459.0, "TPU v6 lite": 918.0}
+"""Dense bf16 peak TFLOP/s per device kind, for the MFU estimate (none for CPU)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuiltinData:
+  """The built-in arithmetic task (written to ``out_dir/data`` as JSONL, then read like any file)."""
+
+  n_train: int = 4000
+  n_heldout: int = 64
+  difficulty: int = 0
+  "jaxrl.data.ArithmeticConfig.level: 0 = one-digit a+b."
+  num_turns: int = 1
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTData:
+  train: tuple[str, ...] = ()
+  "Training files (JSONL/Parquet). Empty: use `builtin`."
+  heldout: tuple[str, ...] = ()
+  "Held-out files for eval loss and exact match."
+  builtin: BuiltinData | None = dataclasses.field(default_factory=BuiltinData)
+  "The built-in task, used when `train` is empty."
+  max_bad_records: int = 0
+  "Malformed records to skip (counted, reported) before failing."
+  shuffle_seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTLoss:
+  mode: Literal["token_sum", "global_token_mean", "row_mean", "sample_mean", "turn_mean"] = "global_token_mean"
+  "Loss weighting (jaxrl.losses.sft_loss_weights); see docs/losses.md."
+  divisor: Literal["default", "none", "gbs", "gbs_true"] = "default"
+  gbs: float | None = None
+  "Constant GBS for the `gbs` divisor; default: rows in the global batch."
+  chunk_size: int = 256
+  "Tokens per chunk of the chunked log-prob computation."
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+  every: int = 50
+  "Steps between evaluations (and at the end); 0 disables."
+  batches: int = 2
+  "Held-out batches for the eval loss."
+  exact_match: int = 32
+  "Held-out prompts decoded greedily for exact match; 0 disables."
+  max_new_tokens: int = 32
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+  every: int = 0
+  "Steps between checkpoints; 0 disables."
+  keep: int = 2
+  resume: Literal["auto", "never"] = "auto"
+  "auto: continue from the latest checkpoint in out_dir/checkpoints if there is one."
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+  model: ModelSource = dataclasses.field(default_factory=lambda: ModelSource(preset="tiny"))
+  tokenizer: str | None = None
+  "Tokenizer dir; default the model's hf_dir, else the built-in tiny tokenizer."
+  data: SFTData = dataclasses.field(default_factory=SFTData)
+  packing: data_lib.PackingConfig = dataclasses.field(default_factory=data_lib.PackingConfig)
+  loss: SFTLoss = dataclasses.field(default_factory=SFTLoss)
+  optim: train.OptimConfig = dataclasses.field(default_factory=train.OptimConfig)
+  micro_batches: int = 1
+  "Gradient-accumulation micro-batches per global batch."
+  steps: int = 100
+  eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+  mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
+  out_dir: str = "runs/sft"
+  export_hf: bool = True
+  "Write an HF directory (out_dir/hf) at the end."
+  log_every: int = 1
+  tensorboard: bool = True
+
+  def __post_init__(self):
+    if self.steps < 1:
+      raise ValueError(f"steps must be >= 1, got {self.steps}")
+    if self.micro_batches < 1 or self.packing.global_rows % self.micro_batches:
+      raise ValueError(f"micro_batches={self.micro_batches} must divide packing.global_rows="
+                       f"{self.packing.global_rows}")
+    if not self.data.train and self.data.builtin is None:
+      raise ValueError("data: give data.train files or data.builtin")
+
+
+def _resolve_data(cfg: SFTConfig, out_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  if cfg.data.train:
+    return cfg.data.train, cfg.data.heldout
+  b = cfg.data.builtin
+  task = data_lib.ArithmeticConfig.level(b.difficulty, num_turns=b.num_turns)
+  paths = data_lib.write_arithmetic_splits(out_dir / "data", n_train=b.n_train, n_heldout=b.n_heldout,
+                                           seed=b.seed, config=task)
+  return (str(paths["train"]),), (str(paths["heldout"]),)
+
+
+def _tokenizer_dir(cfg: SFTConfig) -> str:
+  if cfg.tokenizer:
+    return cfg.tokenizer
+  if cfg.model.hf_dir:
+    return cfg.model.hf_dir
+  return str(data_lib.tiny_tokenizer_dir())
+
+
+def sft_loss_fn(graphdef, loss_cfg: SFTLoss):
+  """``loss(params, batch) -> (Σ w·nll, metrics)`` for batches that already carry ``weights``."""
+  def loss_fn(params, batch):
+    model = nnx.merge(graphdef, params)
+    hidden = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
+                   return_hidden=True)  # [B, T, D]
+    logprobs = losses.token_logprobs(hidden, model.unembed_matrix(), batch["targets"],
+                                     chunk_size=loss_cfg.chunk_size)  # [B, T]
+    nll = -logprobs
+    mask = batch["loss_mask"]
+    return jnp.sum(batch["weights"] * nll), {"nll_sum": jnp.sum(mask * nll), "loss_tokens": jnp.sum(mask)}
+  return loss_fn
+
+
+def sft_prepare(loss_cfg: SFTLoss):
+  """Folds the global normaliser of the configured mode into per-token ``weights``."""
+  def prepare(batch):
+    w = losses.sft_loss_weights(loss_cfg.mode, batch["loss_mask"], batch["sample_ids"], batch["turn_ids"],
+                                divisor=loss_cfg.divisor, gbs=loss_cfg.gbs)
+    return dict(batch, weights=w)
+  return prepare
+
+
+class SFTTrainer:
+  """Builds everything once; :meth:`run` trains, evaluates, checkpoints and exports."""
+
+  def __init__(self, cfg: SFTConfig):
+    self.cfg = cfg
+    self.out_dir = Path(cfg.out_dir)
+    self.out_dir.mkdir(parents=True, exist_ok=True)
+    (self.out_dir / "config.json").write_text(json.dumps(_to_json(cfg), indent=2))
+    self.mesh = cfg.mesh.build()
+    self.rules = cfg.mesh.logical_rules()
+    self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
+    self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
+    models.check_tokenizer(self.tokenizer, self.model.cfg)
+    self.train_paths, self.heldout_paths = _resolve_data(cfg, self.out_dir)
+    self.graphdef, params = nnx.split(self.model)
+    self.optimizer = train.make_optimizer(cfg.optim, cfg.steps)
+    self.schedule = train.make_schedule(cfg.optim, cfg.steps)
+    self.state = train.init_train_state(params, self.optimizer)
+    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    self.step_fn = train.make_train_step(
+        sft_loss_fn(self.graphdef, cfg.loss), self.optimizer, micro_batches=cfg.micro_batches,
+        mesh=self.mesh, schedule=self.schedule, prepare=sft_prepare(cfg.loss))
+    self._eval_fn = jax.jit(lambda p, b: sft_loss_fn(self.graphdef, SFTLoss(mode="global_token_mean",
+                                                                               chunk_size=cfg.loss.chunk_size))(
+        p, sft_prepare(SFTLoss(mode="global_token_mean"))(b)))
+    self.checkpointer = None
+    if cfg.checkpoint.every:
+      self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every,
+                                             keep=cfg.checkpoint.keep)
+
+  def _batches(self, paths, *, epochs):
+    dcfg = data_lib.DataConfig(paths=tuple(paths), seed=self.cfg.data.shuffle_seed, num_epochs=epochs,
+                               max_bad_records=self.cfg.data.max_bad_records, shuffle=epochs != 1)
+    return iter(data_lib.sft_batches(dcfg, self.cfg.packing, self.tokenizer))
+
+  def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return {k: sharding.global_batch(v, self.batch_sharding) for k, v in arrays.items()}
+
+  def evaluate(self) -> dict[str, float]:
+    out = {}
+    if not self.heldout_paths:
+      return out
+    params = self.state.params
+    if self.cfg.eval.batches:
+      it = self._batches(self.heldout_paths, epochs=1)
+      nll = toks = 0.0
+      for _ in range(self.cfg.eval.batches):
+        try:
+          batch = next(it)
+        except StopIteration:
+          break
+        _, m = self._eval_fn(params, self._device_batch(batch.arrays))
+        nll += float(m["nll_sum"])
+        toks += float(m["loss_tokens"])
+      if toks:
+        out["eval_loss"] = nll / toks
+    if self.cfg.eval.exact_match:
+      out["eval_exact_match"] = heldout_exact_match(
+          nnx.merge(self.graphdef, params), self.tokenizer, self.heldout_paths,
+          n=self.cfg.eval.exact_match, max_new_tokens=self.cfg.eval.max_new_tokens, mesh=self.mesh)
+    return out
+
+  def run(self) -> dict[str, Any]:
+    cfg = self.cfg
+    it = self._batches(self.train_paths, epochs=None)
+    start_step = 0
+    if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
+      start_step, self.state, host = self.checkpointer.restore(self.state)
+      it.set_state(host["data"])
+    logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="sft",
+                                 show=("loss", "tok/s", "eval_loss", "eval_exact_match"),
+                                 tensorboard=cfg.tensorboard)
+    logger._progress.update(logger._task, completed=start_step)
+    first_eval = self.evaluate() if start_step == 0 and cfg.eval.every else {}
+    if first_eval:
+      logger.log(0, first_eval, advance=False)
+    flops_per_token = self.model.cfg.flops_per_token(cfg.packing.seq_len) if hasattr(
+        self.model.cfg, "flops_per_token") else None
+    peak = _peak_tflops()
+    t_last = time.perf_counter()
+    results: dict[str, Any] = {"start_step": start_step, "eval_before": first_eval}
+    losses_seen = []
+    for step in range(start_step + 1, cfg.steps + 1):
+      batch = next(it)
+      self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays))
+      if step % cfg.log_every == 0 or step == cfg.steps:
+        metrics = jax.device_get(metrics)
+        now = time.perf_counter()
+        dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
+        t_last = now
+        real = batch.stats.tokens
+        row = {"loss": float(metrics["nll_sum"]) / max(float(metrics["loss_tokens"]), 1.0),
+               "objective": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
+               "lr": float(metrics["lr"]), "tok/s": real / dt, "padding": 1.0 - batch.stats.efficiency,
+               "skipped": float(self.state.skipped)}
+        if flops_per_token and peak:
+          row["mfu"] = flops_per_token * real / dt / (peak * 1e12 * jax.device_count())
+        losses_seen.append(row["loss"])
+        logger.log(step, row)
+      if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+        ev = self.evaluate()
+        if ev:
+          logger.log(step, ev, advance=False)
+          results["eval_after"] = ev
+      if self.checkpointer is not None:
+        self.checkpointer.save(step, self.state, {"data": it.get_state(), "step": step},
+                               force=step == cfg.steps)
+    if self.checkpointer is not None:
+      self.checkpointer.close()
+    plot = logger.close(title="sft")
+    results.update(steps=cfg.steps, losses=losses_seen, plot=str(plot) if plot else None,
+                   skipped=int(self.state.skipped), packing=dataclasses.asdict(batch.stats))
+    if cfg.export_hf:
+      model = nnx.merge(self.graphdef, self.state.params)
+      models.save_pretrained(model, self.out_dir / "hf", tokenizer=self.tokenizer)
+      results["hf_dir"] = str(self.out_dir / "hf")
+    (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
+def heldout_exact_match(model, tokenizer, paths, *, n: int, max_new_tokens: int, mesh=None) -> float:
+  """Fraction of the first ``n`` held-out records whose greedy completion has the right answer."""
+  from jaxrl import sampling
+  records = []
+  for p in paths:
+    with open(p, encoding="utf-8") as f:
+      records += [json.loads(line) for line in f if line.strip()]
+  records = records[:n]
+  if not records:
+    return float("nan")
+  prompts = [data_lib.encode_prompt(tokenizer, r).tolist() for r in records]
+  sampler = sampling.Sampler(model, tokenizer, mesh=mesh, max_len=max(map(len, prompts)) + max_new_tokens)
+  out = sampler.generate(prompts, n=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
+  hits = [data_lib.exact_match(text, r["answer"]) for text, r in zip(out.texts, records)]
+  return float(np.mean(hits))
+
+
+def _peak_tflops() -> float | None:
+  kind = jax.devices()[0].device_kind
+  for name, tf in PEAK_TFLOPS.items():
+    if name in kind:
+      return tf
+  return None
+
+
+def _to_json(cfg) -> Any:
+  from jaxrl import config as config_lib
+  return config_lib.to_dict(cfg)
