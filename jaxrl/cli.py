@@ -39,6 +39,16 @@ def cmd_info(ns: argparse.Namespace) -> int:
   return 0
 
 
+@command("sft", "supervised fine-tuning with packing (default: tiny model on the built-in task)")
+@_config_args
+def cmd_sft(ns: argparse.Namespace) -> int:
+  from jaxrl import config as config_lib
+  from jaxrl import sft
+  cfg = config_lib.load(sft.SFTConfig, ns.config, ns.overrides)
+  sft.SFTTrainer(cfg).run()
+  return 0
+
+
 BENCHES = {
     "attention": "jaxrl.bench.attention",
     "sample": "jaxrl.bench.sample",

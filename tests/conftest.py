@@ -1,6 +1,7 @@
 """Test set-up: 8 fake CPU devices, configured before JAX initialises."""
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = " ".join(
     [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
@@ -13,3 +14,8 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 jax.config.update("jax_default_matmul_precision", "highest")
+# Many tests compile the same small programs (tiny models on the same meshes): share compiled
+# executables between tests and xdist workers through JAX's persistent cache.
+jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -206,7 +206,8 @@ def make_inputs(seed, batch, t, heads, kv_heads, head_dim, dtype, layout):
   return (q, k, v, do, seg, pos), lengths
 
 
-def bench_one(name, fn, inputs, lengths, *, mode, layout, heads, kv_heads, head_dim, dtype):
+def bench_one(name, fn, inputs, lengths, *, mode, layout, heads, kv_heads, head_dim, dtype,
+              min_time=0.2, repeats=3):
   q, k, v, do, seg, pos = inputs
   batch, t = seg.shape
   pairs = batch * visible_pairs(lengths)
@@ -227,7 +228,7 @@ def bench_one(name, fn, inputs, lengths, *, mode, layout, heads, kv_heads, head_
     run = jax.jit(fwd_bwd)
     args = (q, k, v, do, seg, pos)
   try:
-    secs = time_call(run, args)
+    secs = time_call(run, args, min_time=min_time, repeats=repeats)
   except Exception as e:  # a peer that cannot run this case reports why instead of aborting
     row.note = f"error: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     return row
@@ -237,7 +238,7 @@ def bench_one(name, fn, inputs, lengths, *, mode, layout, heads, kv_heads, head_
 
 
 def sweep(*, seq_lens, layouts, modes, impls, heads, kv_heads, head_dim, dtype, tokens,
-          log=print) -> list[Row]:
+          min_time=0.2, repeats=3, log=print) -> list[Row]:
   rows = []
   for t in seq_lens:
     batch = max(1, tokens // t)
@@ -246,7 +247,8 @@ def sweep(*, seq_lens, layouts, modes, impls, heads, kv_heads, head_dim, dtype, 
       for mode in modes:
         for name, fn in impls.items():
           row = bench_one(name, fn, inputs, lengths, mode=mode, layout=layout, heads=heads,
-                          kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+                          kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+                          min_time=min_time, repeats=repeats)
           rows.append(row)
           log(format_row(row))
   return rows
@@ -260,7 +262,8 @@ _HEADER = f"{'impl':<16} {'layout':<8} {'T':>6} {'B':>3} {'mode':<8} {'ms':>9} {
 
 def format_row(r: Row) -> str:
   ms = f"{r.ms:9.3f}" if r.ms is not None else f"{'-':>9}"
-  tf = f"{r.tflops:7.1f}" if r.tflops is not None else f"{'-':>7}"
+  tf = f"{r.tflops:7.1f}" if r.tflops is not None and r.tflops >= 1 else (
+      f"{r.tflops:7.4f}" if r.tflops is not None else f"{'-':>7}")
   return f"{r.impl:<16} {r.layout:<8} {r.seq_len:>6} {r.batch:>3} {r.mode:<8} {ms} {tf}  {r.note}"
 
 
@@ -285,7 +288,7 @@ def append_markdown(rows: list[Row], path: str) -> None:
            "| --- | --- | ---: | ---: | --- | --- | ---: | --- | ---: | ---: | --- |"]
   for r in rows:
     ms = f"{r.ms:.3f}" if r.ms is not None else "-"
-    tf = f"{r.tflops:.1f}" if r.tflops is not None else "-"
+    tf = f"{r.tflops:.4g}" if r.tflops is not None else "-"
     lines.append(f"| {r.impl} | {r.layout} | {r.seq_len} | {r.batch} | {r.mode} | {r.dtype} | "
                  f"{r.head_dim} | {r.heads}/{r.kv_heads} | {ms} | {tf} | {r.note} |")
   with open(path, "a") as f:
@@ -301,17 +304,20 @@ def _max_rel_err(got, want) -> float:
   return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
 
 
-def correctness_checks(log=print) -> list[tuple[str, bool, str]]:
-  """Triton path vs the float32 reference on the GPU: bf16 and f32, packed, GQA, fwd and grads."""
+CHECK_CASES = (
+    ("bf16 d128 gqa4 causal mixed T=2048", jnp.bfloat16, 2048, 16, 4, 128, "mixed",
+     dict(causal=True)),
+    ("bf16 d64 mha window+softcap docs128 T=1000", jnp.bfloat16, 1000, 8, 8, 64, "docs128",
+     dict(causal=True, window=200, softcap=30.0)),
+    ("f32 d256 gqa2 bidir docs1k T=3000", jnp.float32, 3000, 4, 2, 256, "docs1k",
+     dict(causal=False)),
+)
+
+
+def correctness_checks(cases=CHECK_CASES, *, interpret=False,
+                       log=print) -> list[tuple[str, bool, str]]:
+  """Triton path vs the float32 reference: outputs and dq/dk/dv, packed rows with padding."""
   results = []
-  cases = [
-      ("bf16 d128 gqa4 causal mixed T=2048", jnp.bfloat16, 2048, 16, 4, 128, "mixed",
-       dict(causal=True)),
-      ("bf16 d64 mha window+softcap docs128 T=1000", jnp.bfloat16, 1000, 8, 8, 64, "docs128",
-       dict(causal=True, window=200, softcap=30.0)),
-      ("f32 d256 gqa2 bidir docs1k T=3000", jnp.float32, 3000, 4, 2, 256, "docs1k",
-       dict(causal=False)),
-  ]
   for name, dtype, t, n, kh, h, layout, kw in cases:
     (q, k, v, do, seg, pos), _ = make_inputs(1, 2, t, n, kh, h, dtype, layout)
     seg = seg.at[:, -37:].set(0)  # trailing padding
@@ -321,7 +327,8 @@ def correctness_checks(log=print) -> list[tuple[str, bool, str]]:
       return out, vjp(do)
 
     ours = jax.jit(lambda q, k, v, do: vg(lambda q, k, v: kernels.attention(
-        q, k, v, segment_ids=seg, positions=pos, impl="pallas_triton", **kw), q, k, v, do))
+        q, k, v, segment_ids=seg, positions=pos, impl="pallas_triton", interpret=interpret,
+        **kw), q, k, v, do))
     ref = jax.jit(lambda q, k, v, do: vg(lambda q, k, v: kernels.attention_reference(
         q, k, v, segment_ids=seg, positions=pos, **kw), q, k, v, do))
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
@@ -332,53 +339,59 @@ def correctness_checks(log=print) -> list[tuple[str, bool, str]]:
     errs = [_max_rel_err(got, want)] + [_max_rel_err(a, b) for a, b in zip(got_g, want_g)]
     finite = all(bool(jnp.all(jnp.isfinite(x))) for x in (got, *got_g))
     ok = finite and max(errs) <= tol
-    msg = "max rel err out/dq/dk/dv = " + "/".join(f"{e:.1e}" for e in errs) + f" (tol {tol})"
+    msg = "max err / scale out/dq/dk/dv = " + "/".join(f"{e:.1e}" for e in errs) + f" (tol {tol})"
     results.append((f"correct: {name}", ok, msg))
     log(f"[{'PASS' if ok else 'FAIL'}] correct: {name}: {msg}")
   return results
 
 
-def device_check(log=print) -> int:
-  """Correctness first, then the issue's H200 targets; prints PASS/FAIL per target."""
-  if jax.default_backend() != "gpu":
+def device_check(*, impl="pallas_triton", seq_lens=(4096, 8192, 16384), packed_len=16384,
+                 heads=32, kv_heads=8, head_dim=128, tokens=32768, check_cases=CHECK_CASES,
+                 peers=True, require_gpu=True, min_time=0.2, repeats=3, log=print) -> int:
+  """Correctness first, then the issue's H200 targets; prints PASS/FAIL per target.
+
+  The keyword arguments exist for a CPU dry run of this code path (tiny shapes, the reference);
+  the defaults are the acceptance run.
+  """
+  if require_gpu and jax.default_backend() != "gpu":
     log(f"--device-check needs a GPU; backend is {jax.default_backend()!r}")
     return 2
   log(f"device: {device_name()}  jax {jax.__version__}")
-  results = correctness_checks(log)
-  heads, kv_heads, h, dtype, tokens = 32, 8, 128, jnp.bfloat16, 32768
-  impls = {"jaxrl": _ours("pallas_triton")}
-  rows = []
+  results = correctness_checks(check_cases, log=log)
+  dtype = jnp.bfloat16
+  impls = {"jaxrl": _ours(impl)}
+  kw = dict(impls=impls, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+            tokens=tokens, min_time=min_time, repeats=repeats, log=log)
   log(_HEADER)
-  for t in (4096, 8192, 16384):
-    rows += sweep(seq_lens=[t], layouts=["causal"], modes=MODES, impls=impls, heads=heads,
-                  kv_heads=kv_heads, head_dim=h, dtype=dtype, tokens=tokens, log=log)
-  t = 16384
-  rows += sweep(seq_lens=[t], layouts=["docs1k", "mixed"], modes=["fwd"], impls=impls,
-                heads=heads, kv_heads=kv_heads, head_dim=h, dtype=dtype, tokens=tokens, log=log)
-  peer = sweep(seq_lens=[8192], layouts=["causal"], modes=MODES, impls={"cudnn": _cudnn},
-               heads=heads, kv_heads=kv_heads, head_dim=h, dtype=dtype, tokens=tokens, log=log)
+  rows = sweep(seq_lens=list(seq_lens), layouts=["causal"], modes=MODES, **kw)
+  if packed_len not in seq_lens:
+    rows += sweep(seq_lens=[packed_len], layouts=["causal"], modes=["fwd"], **kw)
+  rows += sweep(seq_lens=[packed_len], layouts=["docs1k", "mixed"], modes=["fwd"], **kw)
+  peer_rows = []
+  if peers:
+    peer_rows = sweep(seq_lens=[seq_lens[len(seq_lens) // 2]], layouts=["causal"], modes=MODES,
+                      **{**kw, "impls": {"cudnn": _cudnn}})
   get = {(r.layout, r.seq_len, r.mode): r for r in rows}
-  for t in (4096, 8192, 16384):
+  for t in seq_lens:
     fwd, both = get[("causal", t, "fwd")], get[("causal", t, "fwd+bwd")]
     ok = fwd.tflops is not None and fwd.tflops >= 300
     results.append((f"fwd T={t} causal >= 300 TF/s", ok, f"{fwd.tflops or 0:.1f} TF/s"))
+    bwd_tf = 0.0
     if fwd.ms is not None and both.ms is not None and both.ms > fwd.ms:
-      bwd_tf = flops(fwd.pairs, heads, h, "bwd") / ((both.ms - fwd.ms) * 1e-3) / 1e12
-    else:
-      bwd_tf = 0.0
+      bwd_tf = flops(fwd.pairs, heads, head_dim, "bwd") / ((both.ms - fwd.ms) * 1e-3) / 1e12
     results.append((f"bwd T={t} causal >= 280 TF/s", bwd_tf >= 280, f"{bwd_tf:.1f} TF/s"))
-  dense = get[("causal", 16384, "fwd")]
+  dense = get[("causal", packed_len, "fwd")]
   for layout in ("docs1k", "mixed"):
-    r = get[(layout, 16384, "fwd")]
+    r = get[(layout, packed_len, "fwd")]
     ratio = (r.tflops or 0.0) / (dense.tflops or math.inf)
     # Scaling: time / Σ len² relative to the dense row (1.0 = perfect, ≤ 1/0.75 passes).
     scale = ((r.ms or math.inf) / r.pairs) / ((dense.ms or math.inf) / dense.pairs)
-    target = "docs ≥ 1k" if layout == "docs1k" else "long-tailed mix (info)"
-    results.append((f"packed {layout} T=16384 ({target}) eff. >= 75% of dense causal",
+    target = "docs ≥ 1k" if layout == "docs1k" else "long-tailed mix, info only"
+    results.append((f"packed {layout} T={packed_len} ({target}) eff. >= 75% of dense causal",
                     ratio >= 0.75 or layout == "mixed",
                     f"{ratio:.0%} of dense; time/Σlen² = {scale:.2f}× dense"))
   log("")
-  for r in peer:
+  for r in peer_rows:
     log(f"peer: {format_row(r)}")
   log("")
   for name, ok, msg in results:
@@ -394,7 +407,8 @@ def main(argv: list[str]) -> int:
   p = argparse.ArgumentParser(prog="jaxrl bench attention", description=__doc__.splitlines()[0])
   p.add_argument("--quick", action="store_true", help="CPU smoke run: reference only, tiny shapes")
   p.add_argument("--device-check", action="store_true", help="H200 acceptance run (≤ 8 min)")
-  p.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768])
+  p.add_argument("--seq-lens", type=int, nargs="+", default=None,
+                 help="default 2k…32k (256 512 with --quick)")
   p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
   p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
   p.add_argument("--impls", nargs="+", default=None, help="subset of implementations to run")
@@ -409,9 +423,12 @@ def main(argv: list[str]) -> int:
   if a.device_check:
     return device_check()
   backend = jax.default_backend()
+  timing = dict(min_time=0.2, repeats=3)
   if a.quick:
-    a.seq_lens, a.heads, a.kv_heads, a.head_dim, a.tokens = [256, 512], 4, 2, 64, 512
-    a.dtype = "float32"
+    a.seq_lens = a.seq_lens or [256, 512]
+    a.heads, a.kv_heads, a.head_dim, a.tokens, a.dtype = 4, 2, 64, 512, "float32"
+    timing = dict(min_time=0.01, repeats=1)
+  a.seq_lens = a.seq_lens or [2048, 4096, 8192, 16384, 32768]
   impls = implementations(backend, quick=a.quick)
   if a.impls:
     unknown = set(a.impls) - set(impls)
@@ -423,7 +440,7 @@ def main(argv: list[str]) -> int:
   print(_HEADER)
   rows = sweep(seq_lens=a.seq_lens, layouts=a.layouts, modes=a.modes, impls=impls, heads=a.heads,
                kv_heads=a.kv_heads, head_dim=a.head_dim, dtype=jnp.dtype(a.dtype),
-               tokens=a.tokens)
+               tokens=a.tokens, **timing)
   write_json(rows, a.json, dict(quick=a.quick))
   print(f"wrote {a.json}")
   if a.markdown:

@@ -106,8 +106,8 @@ class _BadRecords:
     if n > self.max_bad_records:
       listed = "; ".join(f"{w}: {r}" for w, r in self.items[:_MAX_LISTED])
       more = f" (and {n - _MAX_LISTED} more)" if n > _MAX_LISTED else ""
-      raise DataError(f"{n} bad record{'s' if n > 1 else ''} exceed max_bad_records="
-                      f"{self.max_bad_records}: {listed}{more}")
+      raise DataError(f"{n} bad record{'s' if n > 1 else ''} (max_bad_records="
+                      f"{self.max_bad_records}): {listed}{more}")
 
 
 def _parse_line(raw: bytes) -> Any:

@@ -152,7 +152,7 @@ def generate_arithmetic(
   rng = np.random.default_rng([seed, 0 if split == "train" else 1])
   want_heldout = split == "heldout"
   records, seen = [], set()
-  attempts, max_attempts = 0, 1000 * n + 10_000
+  attempts, max_attempts = 0, 100 * n + 1000
   while len(records) < n:
     attempts += 1
     if attempts > max_attempts:

@@ -12,8 +12,9 @@ from jaxrl.kernels._reference import MASK_VALUE
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-# Log-sum-exp stored for a query that sees no key: exp(s - EMPTY_LSE) is 0 for any finite logit.
-EMPTY_LSE = -MASK_VALUE
+# Log-sum-exp stored for a query that sees no key: exp(s - EMPTY_LSE) is 0 for any finite logit,
+# and EMPTY_LSE · log2(e) still fits in float32.
+EMPTY_LSE = -0.25 * MASK_VALUE
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -2,8 +2,8 @@
 
 Row ``b`` has ``lengths[b]`` valid cache entries ``[0, lengths[b])`` and its query sits at position
 ``lengths[b] - 1``; with a window, only keys ``s >= lengths[b] - window`` are visible. A row with
-length 0 gets output 0. The Pallas kernels read only the valid KV tiles: the Triton kernel bounds its
-loop by the row length (and splits the cache across programs, flash-decoding style, combining the
+length 0 gets output 0. The Pallas kernels read only the valid KV tiles: the Triton kernel bounds
+its loop by the row length (and splits the cache across programs, flash-decoding style, combining the
 partial softmaxes afterwards); the TPU kernel scalar-prefetches the lengths and clamps the K/V index
 map so tiles past the length (or before the window) are never DMA'd.
 """
@@ -143,8 +143,9 @@ def decode_attention_triton(q, k_cache, v_cache, lengths, *, sm_scale=None, soft
                             window=None, block_kv=None, num_splits=None, interpret=False):
   """Pallas Triton decode kernel; see :func:`decode_attention_reference` for the semantics.
 
-  Grid ``(B, K, splits)``; each program handles one kv head's whole q-head group (padded to ≥ 16
-  rows for ``tl.dot``) over one slice of the cache, looping only over tiles below the row length.
+  Grid ``(B, K, splits)``; each program handles one kv head's whole q-head group (padded to
+  ≥ 16 rows for ``tl.dot``) over one slice of the cache, looping only over tiles below the row
+  length.
   """
   from jax.experimental.pallas import triton as plgpu
   lengths = jnp.asarray(lengths).astype(jnp.int32)
@@ -230,8 +231,8 @@ def decode_attention_tpu(q, k_cache, v_cache, lengths, *, sm_scale=None, softcap
                          window=None, block_kv=None, interpret=False):
   """Pallas TPU decode kernel; see :func:`decode_attention_reference` for the semantics.
 
-  Grid ``(B, key tiles)``; a program holds all kv heads of one cache tile (``[bk, K, H]``, the cache
-  stays in its ``[B, S, K, H]`` layout) and every q-head group. The lengths are scalar-prefetched and
+  Grid ``(B, key tiles)``; a program holds all kv heads of one cache tile (``[bk, K, H]``, the
+  cache stays in its ``[B, S, K, H]`` layout) and every q-head group. The lengths are scalar-prefetched and
   the cache index map is clamped to the valid tiles, so tiles past the length cost no DMA.
   """
   from jax.experimental.pallas import tpu as pltpu

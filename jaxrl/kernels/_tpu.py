@@ -7,8 +7,8 @@ over the group in VMEM (no atomics, no repeated K/V). Query ids/positions are ``
 key ids/positions ``[1, S]`` rows, so the element mask is a broadcast compare.
 
 Block skipping (``splash``'s ``_next_nonzero`` idea, with ranges). The grid's innermost axis walks
-every tile of the other sequence, but the per-block ranges from :mod:`._blocks` are scalar-prefetched
-into SMEM and the K/V (or Q) index map clamps the tile index into ``[lo, hi)``: steps outside the
+every tile of the other sequence, but the per-block ranges from :mod:`._blocks` are
+scalar-prefetched into SMEM and the K/V (or Q) index map clamps the tile index into ``[lo, hi)``: steps outside the
 range keep the previous block index, so Pallas issues no new DMA, and the body runs under
 ``pl.when(lo <= j < hi)``. Tiles inside ``[full_lo, full_hi)`` skip the mask.
 
@@ -46,15 +46,17 @@ def default_interpret():
 
 
 def resolve_blocks(blocks: BlockSizes, *, t: int, s: int, head_dim: int, group: int) -> BlockSizes:
-  """Fill defaults (512-token query tiles / group, 512-token key tiles) and clip to the lengths.
+  """Fill defaults and clip to the lengths.
 
-  Key tiles are lane-dim arrays (multiples of 128); query tiles are sublane-dim (multiples of 8).
+  Defaults: forward tiles of 512 query rows (``block_q · G``) × 512 keys, backward 256 × 256.
+  Key tiles are lane-dim arrays (multiples of 128); query tiles are sublane-dim (multiples of 16,
+  which also suits bf16 packing).
   """
   del head_dim
   pick = lambda x, y: y if x is None else x  # noqa: E731
-  dq = max(512 // next_pow2(group), 128)
-  bq = max(min(pick(blocks.block_q, dq), next_pow2(t)), 8)
-  bqb = max(min(pick(blocks.block_q_bwd, dq // 2), next_pow2(t)), 8)
+  g = next_pow2(group)
+  bq = max(min(pick(blocks.block_q, max(512 // g, 64)), next_pow2(t)), 16)
+  bqb = max(min(pick(blocks.block_q_bwd, max(256 // g, 32)), next_pow2(t)), 16)
   bk = max(min(pick(blocks.block_kv, 512), next_pow2(s)), 128)
   bkb = max(min(pick(blocks.block_kv_bwd, 256), next_pow2(s)), 128)
   return BlockSizes(block_q=bq, block_kv=bk, block_q_bwd=bqb, block_kv_bwd=bkb)
@@ -63,6 +65,16 @@ def resolve_blocks(blocks: BlockSizes, *, t: int, s: int, head_dim: int, group: 
 def _clamp(j, lo, hi):
   """Tile index for grid step ``j``: inside ``[lo, hi)``, frozen outside (no new DMA)."""
   return jnp.maximum(jnp.minimum(j, hi - 1), lo)
+
+
+def tile_schedule(ranges: _blocks.BlockRanges, n_inner: int) -> jax.Array:  # [B, n, n_inner]
+  """The inner-axis tile index the TPU index maps request at every grid step.
+
+  Pallas only issues a DMA when a block index changes between consecutive steps, so the number of
+  fetches of a row is 1 + the number of changes along the last axis.
+  """
+  j = jnp.arange(n_inner, dtype=jnp.int32)
+  return _clamp(j, ranges.lo[..., None], ranges.hi[..., None])
 
 
 def _logits(q, k, cfg):
@@ -168,7 +180,7 @@ def _fwd_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # SMEM [B, nq]
     lse_ref[...] = lse.reshape(g, bq, 1)
 
 
-def _specs_common(b, kh, g, t, s, h, bq, bk, q_tiles_outer: bool):
+def _specs_common(g, h, bq, bk, q_tiles_outer: bool):
   """Block specs for the (query tile, key tile) grid; clamped by the prefetched ranges."""
   if q_tiles_outer:
     def qi(i, j, lo, hi):
@@ -217,7 +229,7 @@ def forward(cfg: Config, q, k, v, q_seg, kv_seg, q_pos, kv_pos):
                                  causal=cfg.causal, window=cfg.window)
   qh = _to_heads_major(q, kh)
   kh_, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-  sp = _specs_common(b, kh, g, t, s, h, bq, bk, q_tiles_outer=True)
+  sp = _specs_common(g, h, bq, bk, q_tiles_outer=True)
   out_shape = [jax.ShapeDtypeStruct(qh.shape, q.dtype),
                jax.ShapeDtypeStruct((b, kh, g, t, 1), jnp.float32)]
   out_specs = [sp["q"], sp["row"]]
@@ -343,7 +355,7 @@ def backward(cfg: Config, q, k, v, q_seg, kv_seg, q_pos, kv_pos, o, lse, do):
   kh_, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
   ids = (q_seg[..., None], q_pos[..., None], kv_seg[:, None], kv_pos[:, None])
 
-  sp = _specs_common(b, kh, g, t, s, h, bq, bk, q_tiles_outer=True)
+  sp = _specs_common(g, h, bq, bk, q_tiles_outer=True)
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, cfg=cfg, n_kv=nk),
       grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -359,7 +371,7 @@ def backward(cfg: Config, q, k, v, q_seg, kv_seg, q_pos, kv_pos, o, lse, do):
       name="jaxrl_flash_dq_tpu",
   )(*rows, qh, doh, lse, delta, kh_, vh, *ids)
 
-  sp = _specs_common(b, kh, g, t, s, h, bq, bk, q_tiles_outer=False)
+  sp = _specs_common(g, h, bq, bk, q_tiles_outer=False)
   dk, dv = pl.pallas_call(
       functools.partial(_dkv_kernel, cfg=cfg, n_q=nq),
       grid_spec=pltpu.PrefetchScalarGridSpec(

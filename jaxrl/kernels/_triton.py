@@ -7,7 +7,7 @@ head, loaded as ``[block_q, G, H]`` and flattened to ``block_q·G`` rows (row ``
 tensor dims: a non-power-of-two group (or head dim) is zero-padded outside the kernel, and zero
 query heads contribute exactly nothing to dk/dv.
 
-Passes (grid ``(tiles, B, K)``):
+Passes (grid ``(tiles, B, K)``; causal query-tile grids run the last, longest tiles first):
   forward   per query tile, loop over key tiles ``[lo, hi)`` from :mod:`._blocks`, split into
             masked / unmasked (``full``) / masked sub-loops; writes ``o`` and float32 ``lse``.
   dq        per query tile, same loop; ``dq = Σ_j dS_j K_j · scale``.
@@ -71,18 +71,21 @@ def resolve_blocks(blocks: BlockSizes, *, t: int, s: int, head_dim: int, group: 
                     num_stages=pick(blocks.num_stages, d.num_stages))
 
 
+def _q_tile(x, n_q: int, causal: bool):
+  """Query tile of program ``x``: causal grids run the longest rows (last tiles) first."""
+  return n_q - 1 - x if causal else x
+
+
 def _rows(x: jax.Array, g: int) -> jax.Array:  # [bq] -> [bq * g]
   return jnp.broadcast_to(x[:, None], (x.shape[0], g)).reshape(x.shape[0] * g)
 
 
 def _logits(q, k, cfg):
   """Scaled (and soft-capped) logits in base-2 units, plus ``tanh`` for the soft-cap gradient."""
-  s = _dot(q, k, _NT) * cfg.sm_scale
-  t = None
-  if cfg.softcap is not None:
-    t = jnp.tanh(s / cfg.softcap)
-    s = cfg.softcap * t
-  return s * LOG2E, t
+  if cfg.softcap is None:
+    return _dot(q, k, _NT) * (cfg.sm_scale * LOG2E), None
+  t = jnp.tanh(_dot(q, k, _NT) * (cfg.sm_scale / cfg.softcap))
+  return t * (cfg.softcap * LOG2E), t
 
 
 # ------------------------------------------------------------------------------------------------
@@ -97,8 +100,8 @@ def _fwd_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # [nq] int32 tile ranges
                 o_ref,  # [bq, G, H]
                 lse_ref,  # [bq, G]
                 *cnt_ref,  # optional [1] debug counter of tiles computed
-                cfg: Config, block_kv: int):
-  i = pl.program_id(0)
+                cfg: Config, block_kv: int, n_q: int):
+  i = _q_tile(pl.program_id(0), n_q, cfg.causal)
   bq, g, h = q_ref.shape
   rows = bq * g
   q = q_ref[...].reshape(rows, h)
@@ -141,7 +144,7 @@ def _compiler_params(blocks: BlockSizes):
   return plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
 
 
-def _pad_group(x: jax.Array, kh: int, g_pad: int) -> jax.Array:  # [B, T, K*G, H] -> [B, T, K*g_pad, H]
+def _pad_group(x: jax.Array, kh: int, g_pad: int) -> jax.Array:  # [B,T,K*G,H] -> [B,T,K*g_pad,H]
   b, t, n, h = x.shape
   g = n // kh
   if g == g_pad:
@@ -190,25 +193,26 @@ def forward(
                                  causal=cfg.causal, window=cfg.window)
   qp, kp, vp, g, g_pad = _prep(q, k, v)
   hp = qp.shape[-1]
+  qt = functools.partial(_q_tile, n_q=nq, causal=cfg.causal)
   meta_spec = pl.BlockSpec((None, nq), lambda i, b_, h_: (b_, 0))
   in_specs = [meta_spec] * 4 + [
-      pl.BlockSpec((None, bq, g_pad, hp), lambda i, b_, h_: (b_, i, h_, 0)),
+      pl.BlockSpec((None, bq, g_pad, hp), lambda i, b_, h_: (b_, qt(i), h_, 0)),
       pl.BlockSpec((None, s, None, hp), lambda i, b_, h_: (b_, 0, h_, 0)),
       pl.BlockSpec((None, s, None, hp), lambda i, b_, h_: (b_, 0, h_, 0)),
-      pl.BlockSpec((None, bq), lambda i, b_, h_: (b_, i)),
-      pl.BlockSpec((None, bq), lambda i, b_, h_: (b_, i)),
+      pl.BlockSpec((None, bq), lambda i, b_, h_: (b_, qt(i))),
+      pl.BlockSpec((None, bq), lambda i, b_, h_: (b_, qt(i))),
       pl.BlockSpec((None, s), lambda i, b_, h_: (b_, 0)),
       pl.BlockSpec((None, s), lambda i, b_, h_: (b_, 0)),
   ]
   out_shape = [jax.ShapeDtypeStruct(qp.shape, q.dtype),
                jax.ShapeDtypeStruct((b, t, kh * g_pad), jnp.float32)]
-  out_specs = [pl.BlockSpec((None, bq, g_pad, hp), lambda i, b_, h_: (b_, i, h_, 0)),
-               pl.BlockSpec((None, bq, g_pad), lambda i, b_, h_: (b_, i, h_))]
+  out_specs = [pl.BlockSpec((None, bq, g_pad, hp), lambda i, b_, h_: (b_, qt(i), h_, 0)),
+               pl.BlockSpec((None, bq, g_pad), lambda i, b_, h_: (b_, qt(i), h_))]
   if cfg.debug:
     out_shape.append(jax.ShapeDtypeStruct((b, kh, nq), jnp.int32))
-    out_specs.append(pl.BlockSpec((None, None, 1), lambda i, b_, h_: (b_, h_, i)))
+    out_specs.append(pl.BlockSpec((None, None, 1), lambda i, b_, h_: (b_, h_, qt(i))))
   outs = pl.pallas_call(
-      functools.partial(_fwd_kernel, cfg=cfg, block_kv=bk),
+      functools.partial(_fwd_kernel, cfg=cfg, block_kv=bk, n_q=nq),
       grid=(nq, b, kh),
       in_specs=in_specs,
       out_specs=out_specs,
@@ -234,8 +238,8 @@ def _dq_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # [nq]
                qs_ref, qp_ref,  # [bq]
                ks_ref, kp_ref,  # [S]
                dq_ref,  # [bq, G, H]
-               *, cfg: Config, block_kv: int):
-  i = pl.program_id(0)
+               *, cfg: Config, block_kv: int, n_q: int):
+  i = _q_tile(pl.program_id(0), n_q, cfg.causal)
   bq, g, h = q_ref.shape
   rows = bq * g
   q = q_ref[...].reshape(rows, h)
@@ -324,14 +328,15 @@ def backward(cfg: Config, q, k, v, q_seg, kv_seg, q_pos, kv_pos, o, lse, do):
   hp = qp.shape[-1]
   params = _compiler_params(bl)
 
+  qt = functools.partial(_q_tile, n_q=nq, causal=cfg.causal)
   meta_q = pl.BlockSpec((None, nq), lambda i, b_, h_: (b_, 0))
-  q_tile = pl.BlockSpec((None, bq, g_pad, hp), lambda i, b_, h_: (b_, i, h_, 0))
-  row_tile = pl.BlockSpec((None, bq, g_pad), lambda i, b_, h_: (b_, i, h_))
+  q_tile = pl.BlockSpec((None, bq, g_pad, hp), lambda i, b_, h_: (b_, qt(i), h_, 0))
+  row_tile = pl.BlockSpec((None, bq, g_pad), lambda i, b_, h_: (b_, qt(i), h_))
   kv_all = pl.BlockSpec((None, s, None, hp), lambda i, b_, h_: (b_, 0, h_, 0))
-  ids_q_tile = pl.BlockSpec((None, bq), lambda i, b_, h_: (b_, i))
+  ids_q_tile = pl.BlockSpec((None, bq), lambda i, b_, h_: (b_, qt(i)))
   ids_kv_all = pl.BlockSpec((None, s), lambda i, b_, h_: (b_, 0))
   dq = pl.pallas_call(
-      functools.partial(_dq_kernel, cfg=cfg, block_kv=bk),
+      functools.partial(_dq_kernel, cfg=cfg, block_kv=bk, n_q=nq),
       grid=(nq, b, kh),
       in_specs=[meta_q] * 4 + [q_tile, q_tile, row_tile, row_tile, kv_all, kv_all,
                                ids_q_tile, ids_q_tile, ids_kv_all, ids_kv_all],

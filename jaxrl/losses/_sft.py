@@ -89,8 +89,9 @@ def sft_global_counts(
     sample_ids: [B, T] int, unique per true sample within the global batch, 0 = padding.
     turn_ids: [B, T] int, unique per assistant turn within the global batch, 0 = no loss.
     axis_name: mesh axis name(s) to ``psum`` over, or None when the arrays are the global batch.
-    num_segments: static bound on the ids (all ids < num_segments); default ``B * T + 1``.
-      Under ``shard_map`` pass the global bound.
+    num_segments: static bound on the ids (all ids < num_segments; larger ids are ignored by
+      ``segment_sum`` and their tokens get no weight); default ``B * T + 1``. Under
+      ``shard_map`` pass the global batch's bound, since ids are numbered globally.
 
   Returns:
     :class:`SFTGlobalCounts`.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from jax.sharding import Mesh
@@ -56,3 +57,49 @@ class ModelSource:
 
   def abstract(self):
     return abstract_model(self.config())
+
+
+def describe_model_section(section: dict[str, Any], mesh: Mesh, rules: LogicalRules) -> list[str]:
+  """Lines for ``jaxrl info``: the model's shapes, size and per-parameter shardings (no weights)."""
+  from jaxrl import config as config_lib
+  from jaxrl.models._hf import state_shardings
+  from flax import nnx
+  source = config_lib.from_dict(ModelSource, section, prefix="model")
+  cfg = source.config()
+  lines = [f"model: {cfg.model_type} layers={cfg.num_layers} d={cfg.hidden_size} heads={cfg.num_heads}/"
+           f"{cfg.num_kv_heads} head_dim={cfg.head_dim} mlp={cfg.intermediate_size} vocab={cfg.vocab_size} "
+           f"params={cfg.num_params() / 1e9:.3f}B dtype={cfg.dtype}/{cfg.param_dtype}"]
+  _, abs_state = nnx.split(source.abstract())
+  shardings = state_shardings(abs_state, mesh, rules)
+  notes = set()
+  per_device = 0
+  for (path, var), (_, shard) in zip(nnx.to_flat_state(abs_state), nnx.to_flat_state(shardings)):
+    value = var.get_value() if hasattr(var, "get_value") else var.value
+    shard = shard.get_value() if hasattr(shard, "get_value") else getattr(shard, "value", shard)
+    names = var.get_metadata().get("out_sharding") if hasattr(var, "get_metadata") else None
+    if names:
+      notes.update(rules.fallbacks(names, mesh, value.shape))
+    per_device += math.prod(shard.shard_shape(value.shape)) * value.dtype.itemsize
+  lines.append(f"parameter bytes per device: {per_device / 2**30:.3f} GiB")
+  lines.extend(f"  note: {n}" for n in sorted(notes))
+  return lines
+
+
+def convert(src: str | None, dst: str, *, dtype: str | None = None, tokenizer: str | None = None,
+            preset: str | None = None) -> str:
+  """``jaxrl convert``: re-save an HF dir through jaxrl (e.g. to bf16), or write a random preset."""
+  from jaxrl.models._hf import load_tokenizer, save_pretrained
+  if (src is None) == (preset is None):
+    raise ValueError("convert: give a source directory or --preset, not both")
+  if preset is not None:
+    model = ModelSource(preset=preset).build()
+  else:
+    model = load_pretrained(src)
+  tok_dir = tokenizer or src
+  tok = None
+  if tok_dir is not None:
+    from pathlib import Path
+    if any((Path(tok_dir) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+      tok = load_tokenizer(tok_dir)
+  save_pretrained(model, dst, tokenizer=tok, dtype=dtype)
+  return f"wrote {dst} ({model.cfg.model_type}, {model.cfg.num_params() / 1e6:.1f}M params)"

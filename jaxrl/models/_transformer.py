@@ -13,6 +13,7 @@ Reference: the Hugging Face ``modeling_llama.py`` / ``modeling_qwen2.py`` / ``mo
 
 from __future__ import annotations
 
+import contextvars
 import math
 from typing import NamedTuple
 
@@ -37,6 +38,36 @@ def _param(value: jax.Array, names: tuple[str, ...]) -> nnx.Param:
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> jax.Array:
   return (INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+LORA_SUFFIXES = ("_lora_a", "_lora_b")
+"""Attribute suffixes of a projection's LoRA factors (``q_proj_lora_a``, ``q_proj_lora_b``); see
+:mod:`jaxrl.models._lora`, which adds them."""
+LORA_OFF = contextvars.ContextVar("jaxrl_lora_off", default=False)
+"""True while :func:`jaxrl.models.lora_disabled` is active: :func:`add_lora` then returns the base."""
+
+
+def add_lora(module: nnx.Module, name: str, x: jax.Array, y: jax.Array) -> jax.Array:
+  """``y + s·((x·A)·B)`` when ``module`` holds an active LoRA adapter for projection ``name``, else ``y``.
+
+  ``y = x·W`` is the base projection, ``A [*in, r]`` and ``B [r, *out]`` the factors (``*in``/``*out``
+  are ``W``'s input/output axes, e.g. ``q_proj``: ``A [D, r]``, ``B [r, N, H]``), ``s = alpha / r``
+  (or ``alpha / sqrt(r)``). ``W' = W + s·A·B`` is never formed. Inactive when the adapter is merged
+  into ``W`` or disabled (:func:`jaxrl.models.lora_disabled`). Hu et al. 2021, LoRA.
+
+  Args:
+    module: the :class:`Attention` or :class:`MLP` owning ``name``.
+    name: projection attribute, e.g. ``"q_proj"``.
+    x: the projection's input ``[..., *in]`` (compute dtype).
+    y: ``x·W`` ``[..., *out]``.
+  """
+  a = getattr(module, name + LORA_SUFFIXES[0], None)
+  if a is None or getattr(module, "lora_merged", False) or LORA_OFF.get():
+    return y
+  a, b = a[...], getattr(module, name + LORA_SUFFIXES[1])[...]
+  dt = y.dtype
+  xa = jnp.tensordot(x, a.astype(dt), axes=a.ndim - 1)  # [..., r]
+  return y + module.lora_scale * jnp.tensordot(xa, b.astype(dt), axes=1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,9 +175,9 @@ class Attention(nnx.Module):
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, D], updated (k, v) or None
     cfg = self.cfg
     dt = cfg.jnp_dtype
-    q = jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dt))
-    k = jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dt))
-    v = jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dt))
+    q = add_lora(self, "q_proj", x, jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dt)))
+    k = add_lora(self, "k_proj", x, jnp.einsum("btd,dkh->btkh", x, self.k_proj[...].astype(dt)))
+    v = add_lora(self, "v_proj", x, jnp.einsum("btd,dkh->btkh", x, self.v_proj[...].astype(dt)))
     if self.q_bias is not None:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -168,7 +199,7 @@ class Attention(nnx.Module):
           q, k_cache.astype(dt), v_cache.astype(dt), segment_ids=(segment_ids, kv_segment_ids),
           positions=(positions, kv_positions), impl=cfg.attention_impl)
       new_kv = (k_cache, v_cache)
-    y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(dt))
+    y = add_lora(self, "o_proj", out, jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(dt)))
     return y, new_kv
 
 
@@ -184,9 +215,10 @@ class MLP(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
     dt = self.cfg.jnp_dtype
-    gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt))
-    up = jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt))
-    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
+    gate = add_lora(self, "gate_proj", x, jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt)))
+    up = add_lora(self, "up_proj", x, jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt)))
+    h = jax.nn.silu(gate) * up  # [B, T, F]
+    return add_lora(self, "down_proj", h, jnp.einsum("btf,fd->btd", h, self.down_proj[...].astype(dt)))
 
 
 class Block(nnx.Module):

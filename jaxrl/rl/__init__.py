@@ -1,1 +1,67 @@
-"""jaxrl.rl."""
+"""Reinforcement learning for LLMs: GRPO / DAPO / GRPO+ / decoupled PPO, synchronous, on one mesh.
+
+``RLTrainer(RLConfig).run()`` samples with :class:`jaxrl.sampling.Sampler` on the trainer's parameters,
+scores with a reward function (:mod:`jaxrl.rewards`), computes advantages and updates the policy with
+losses chosen by name from :mod:`jaxrl.losses`. ``jaxrl rl --config FILE`` is :func:`main_rl`.
+"""
+
+from jaxrl.rl._cli import main_rl
+from jaxrl.rl._config import (
+    AlgorithmConfig,
+    BuiltinPrompts,
+    ContextStage,
+    MicroBatchConfig,
+    OverlongPenalty,
+    PromptData,
+    RewardSection,
+    RLConfig,
+    RLEvalConfig,
+    RolloutConfig,
+)
+from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
+from jaxrl.rl._packing import PackedBatch, assign_micro_batches, pack_sequences
+from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, read_records, reward_fields
+from jaxrl.rl._rewards import arithmetic_reward
+from jaxrl.rl._rollout import (
+    Rollout,
+    compute_advantages,
+    concat_rollouts,
+    informative_groups,
+    loss_mask,
+    sequence_fields,
+)
+from jaxrl.rl._trainer import RLTrainer
+
+__all__ = [
+    "AlgorithmConfig",
+    "BuiltinPrompts",
+    "ContextStage",
+    "EncodedPrompts",
+    "MicroBatchConfig",
+    "OverlongPenalty",
+    "PackedBatch",
+    "PromptData",
+    "PromptStream",
+    "RLConfig",
+    "RLEvalConfig",
+    "RLTrainer",
+    "RewardSection",
+    "Rollout",
+    "RolloutConfig",
+    "arithmetic_reward",
+    "assign_micro_batches",
+    "compute_advantages",
+    "concat_rollouts",
+    "informative_groups",
+    "load_prompt_sets",
+    "loss_mask",
+    "main_rl",
+    "make_logprob_fn",
+    "make_loss_fn",
+    "make_prepare",
+    "pack_sequences",
+    "policy_logprobs",
+    "read_records",
+    "reward_fields",
+    "sequence_fields",
+]

@@ -1,17 +1,21 @@
-"""The KV-cache sampler: prefill and the whole decode loop in one jitted program per shape bucket.
+"""The KV-cache sampler: a jitted prefill and a jitted decode loop per shape bucket.
 
 Layout. ``U`` distinct prompts are right-padded to ``P`` (a power of two) and prefilled once; their
-cache rows are broadcast to the ``R = U·n`` sample rows (a sample is a row copy). Row ``r`` holds its
+cache rows are copied to the ``R = U·n`` sample rows (a sample is a row copy). Row ``r`` holds its
 prompt in cache slots ``[0, p_r)`` and its ``i``-th generated token at slot ``p_r + i`` (position =
 slot), so each row's valid cache is a contiguous prefix. The cache has ``S = P + G`` slots, ``G`` the
 power-of-two bucket of ``max_new_tokens``; rows are padded to a power of two (and a multiple of the
 data-parallel mesh size) with finished dummy rows.
 
 Loop invariant: the cache holds every token of a row's sequence (prompt, then generated) except the
-last, which is *pending* and is fed at the next step — after prefill that is the last prompt token,
-so the first decode step samples token 0 and sampling is compiled once, inside the loop. Row keys come from ``(seed, request id, sample
-index)`` and each step folds in the token index, so draws do not depend on the row slot, the batch,
-the bucket or how the generation is split into interrupted chunks.
+last, which is *pending* and is fed at the next step. After prefill the pending token is the last
+prompt token, so the first decode step samples token 0 and sampling is compiled once, inside the
+``lax.while_loop``, which exits as soon as every row has finished. The cache (with the rest of the
+row state) is donated into the decode program.
+
+Randomness: row keys are ``fold_in(fold_in(key(seed), request_id), sample)`` and step ``i`` folds in
+``i``, so draws do not depend on the row slot, the batch, the bucket or how a generation is split
+into interrupted chunks.
 """
 
 from __future__ import annotations
@@ -175,7 +179,7 @@ class Sampler:
     mesh: the mesh the model lives on; the KV cache is sharded with ``rules`` (rows over
       ``cache_batch``, kv heads over ``cache_kv_heads``). ``None``: one device.
     rules: logical-axis rules (default :meth:`LogicalRules.default`).
-    max_len: most cache slots per row (prompt + completion).
+    max_len: most tokens per row (prompt + completion); longer prompts are refused and completions cut.
     eos_token_ids: tokens that end a completion with ``"eos"``; default the tokenizer's eos id.
     pad_token_id: fills ``tokens`` after the end; default the tokenizer's pad id, else 0.
     cache_dtype: KV-cache dtype (default the model's compute dtype).
@@ -217,8 +221,7 @@ class Sampler:
     self.graphdef, self.params = nnx.split(model)
     self.version = int(version)
     self._dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in self.rules.mesh_axes("cache_batch"))
-    self._programs = _programs(self.graphdef, self.cfg, mesh, self.rules, self.cache_dtype, self.pad_token_id,
-                               decode_impl)
+    self._programs = _programs(self.graphdef, self.cfg, mesh, self.rules, self.cache_dtype, decode_impl)
 
   # ------------------------------------------------------------------------------------------------
   # Public API
@@ -242,7 +245,11 @@ class Sampler:
     graphdef, params = nnx.split(model if self.mesh is None else models.shard_model(model, self.mesh, self.rules))
     if graphdef != self.graphdef:
       raise ValueError("set_weights: the new model's structure differs from the sampler's model")
-    self.params = params
+    shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+    if shapes(params) != shapes(self.params):
+      raise ValueError("set_weights: the new model's parameter shapes or dtypes differ from the sampler's")
+    # Same placement as the current weights, so the compiled programs are reused.
+    self.params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, self.params))
     self.version = self.version + 1 if version is None else int(version)
 
   def generate(
@@ -264,7 +271,7 @@ class Sampler:
       max_steps: int | None = None,
       return_state: bool = False,
   ) -> SampleOutput:
-    """Samples ``n`` completions per prompt; prefill and decode loop run in one jitted program.
+    """Samples ``n`` completions per prompt: one jitted prefill, then one jitted decode loop.
 
     Log-prob contract (both ``[N, max_new]`` float32, 0 after the end):
       * ``logprobs[i, t] = log_softmax(logits_t / T)[token_t]`` of the full, *untruncated*
@@ -312,13 +319,15 @@ class Sampler:
     if request_ids is None:
       request_ids = np.arange(count)
     request_ids = np.asarray(request_ids)
-    if request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer):
-      raise ValueError(f"request_ids: expected {count} ints, got {request_ids!r}")
+    if (request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer)
+        or (request_ids < 0).any() or (request_ids >= 2**31).any()):
+      raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
     stops, stop_strings = self._stops(stop_token_ids, stop_strings)
 
     lens = np.array([len(x) for x in ids], np.int32)
+    row_max_new = np.minimum(max_new_tokens, self.max_len - lens)  # [count] completions cut at max_len
     p_bucket = length_bucket(int(lens.max()), minimum=self.min_bucket)
-    g_bucket = length_bucket(max_new_tokens, minimum=self.min_bucket, maximum=self.max_len)
+    g_bucket = length_bucket(int(row_max_new.max()), minimum=self.min_bucket)
     u_rows = self._row_bucket(count)
     r_rows = self._row_bucket(count * n)
     prompt_arr = np.zeros((u_rows, p_bucket), np.int32)
@@ -333,7 +342,7 @@ class Sampler:
     def per_row(a, fill):
       return np.where(real, a[src], fill).astype(a.dtype)
 
-    max_new = per_row(np.minimum(max_new_tokens, self.max_len - lens), 1).astype(np.int32)
+    max_new = per_row(row_max_new, 1).astype(np.int32)
     args = dict(
         prompt=prompt_arr, prompt_len=prompt_len, src=src, active=real,
         request=per_row(request_ids.astype(np.int32), 0), sample=np.where(real, rows % n, 0).astype(np.int32),
@@ -342,7 +351,7 @@ class Sampler:
     args = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jnp.asarray(v) for k, v in args.items()}
     budget = jnp.int32(g_bucket if max_steps is None else max_steps)
     rows_out = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **args, gen_len=g_bucket,
-                                 k_top=return_top_logprobs, want_entropy=return_entropy)
+                                      k_top=return_top_logprobs, want_entropy=return_entropy)
     rows_out = self._programs.decode(self.params, rows_out, stops, budget, jnp.int32(self.version))
     state = SamplerState(rows=rows_out, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
                          prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings)
@@ -525,11 +534,11 @@ class Sampler:
         if cut is not None and (cut < lengths[i] or reason[i] != 2):
           lengths[i], reason[i], done[i] = cut, 2, True
       if not np.array_equal(lengths, host["n_gen"]) or not np.array_equal(done, host["done"]):
-        pad = lambda a: np.concatenate([a, np.asarray(jax.device_get(getattr(rows, name)))[state.num_rows:]])
         upd = {}
-        for name, a in (("n_gen", lengths), ("done", done), ("reason", reason.astype(np.int32))):
+        for name, head in (("n_gen", lengths), ("done", done), ("reason", reason.astype(np.int32))):
           old = getattr(rows, name)
-          upd[name] = jax.device_put(pad(a), old.sharding)
+          tail = np.asarray(jax.device_get(old))[state.num_rows:]  # padding rows, unchanged
+          upd[name] = jax.device_put(np.concatenate([head, tail]), old.sharding)
         state = dataclasses.replace(state, rows=rows._replace(**upd))
     valid = np.arange(host["tokens"].shape[1])[None, :] < lengths[:, None]  # [N, G]
 
@@ -537,7 +546,11 @@ class Sampler:
       if a is None:
         return None
       mask = valid.reshape(valid.shape + (1,) * (a.ndim - 2))
-      return np.where(mask, a, np.asarray(fill, a.dtype))[:, :m]
+      a = np.where(mask, a, np.asarray(fill, a.dtype))[:, :m]
+      if a.shape[1] < m:  # the bucket was cut by max_len: pad to max_new_tokens columns
+        widths = [(0, 0), (0, m - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
+        a = np.pad(a, widths, constant_values=fill)
+      return a
 
     tokens = clip(host["tokens"], self.pad_token_id)
     texts = None
@@ -576,9 +589,9 @@ class _Programs:
   input shape bucket.
   """
 
-  def __init__(self, graphdef, cfg, mesh, rules, cache_dtype, pad_token_id, decode_impl):
+  def __init__(self, graphdef, cfg, mesh, rules, cache_dtype, decode_impl):
     self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
-    self.cache_dtype, self.pad_token_id, self.decode_impl = cache_dtype, pad_token_id, decode_impl
+    self.cache_dtype, self.decode_impl = cache_dtype, decode_impl
     self.counts: collections.Counter[str] = collections.Counter()
     self.prefill = jax.jit(self._prefill_program, static_argnames=("gen_len", "k_top", "want_entropy"))
     self.decode = jax.jit(self._decode_program, donate_argnames=("rows",))
@@ -635,7 +648,7 @@ class _Programs:
     g = gen_len
     rows = _Rows(
         cache=cache, prompt=prompt[src], prompt_len=prompt_len[src],
-        tokens=jnp.full((r, g), self.pad_token_id, jnp.int32), logprobs=jnp.zeros((r, g), jnp.float32),
+        tokens=jnp.zeros((r, g), jnp.int32), logprobs=jnp.zeros((r, g), jnp.float32),
         sampling_logprobs=jnp.zeros((r, g), jnp.float32), versions=jnp.full((r, g), -1, jnp.int32),
         entropy=jnp.zeros((r, g), jnp.float32) if want_entropy else None,
         top_ids=jnp.zeros((r, g, k_top), jnp.int32) if k_top else None,
@@ -696,8 +709,8 @@ class _Programs:
 
 
 @functools.lru_cache(maxsize=64)
-def _programs(graphdef, cfg, mesh, rules, cache_dtype, pad_token_id, decode_impl) -> _Programs:
-  return _Programs(graphdef, cfg, mesh, rules, cache_dtype, pad_token_id, decode_impl)
+def _programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _Programs:
+  return _Programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl)
 
 
 # --------------------------------------------------------------------------------------------------

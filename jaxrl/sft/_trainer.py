@@ -28,8 +28,8 @@ class BuiltinData:
 
   n_train: int = 4000
   n_heldout: int = 64
-  difficulty: int = 0
-  "jaxrl.data.ArithmeticConfig.level: 0 = one-digit a+b."
+  difficulty: int = 2
+  "jaxrl.data.ArithmeticConfig.level: 0 = one-digit a+b ... 4 = four terms up to 99."
   num_turns: int = 1
   seed: int = 0
 
@@ -160,6 +160,10 @@ class SFTTrainer:
     (self.out_dir / "config.json").write_text(json.dumps(_to_json(cfg), indent=2))
     self.mesh = cfg.mesh.build()
     self.rules = cfg.mesh.logical_rules()
+    dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    if cfg.packing.global_rows % (dp * cfg.micro_batches):
+      raise ValueError(f"packing.global_rows={cfg.packing.global_rows} must be a multiple of data-parallel "
+                       f"devices ({dp}) × micro_batches ({cfg.micro_batches})")
     self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
     self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, self.model.cfg)
@@ -167,7 +171,7 @@ class SFTTrainer:
     self.graphdef, params = nnx.split(self.model)
     self.optimizer = train.make_optimizer(cfg.optim, cfg.steps)
     self.schedule = train.make_schedule(cfg.optim, cfg.steps)
-    self.state = train.init_train_state(params, self.optimizer)
+    self.state = train.place_on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
     self.step_fn = train.make_train_step(
         sft_loss_fn(self.graphdef, cfg.loss), self.optimizer, micro_batches=cfg.micro_batches,
@@ -212,7 +216,8 @@ class SFTTrainer:
           n=self.cfg.eval.exact_match, max_new_tokens=self.cfg.eval.max_new_tokens, mesh=self.mesh)
     return out
 
-  def run(self) -> dict[str, Any]:
+  def run(self, *, until: int | None = None) -> dict[str, Any]:
+    """Trains to ``cfg.steps`` (or stops after step ``until``, as a pre-emption would)."""
     cfg = self.cfg
     it = self._batches(self.train_paths, epochs=None)
     start_step = 0
@@ -222,17 +227,17 @@ class SFTTrainer:
     logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="sft",
                                  show=("loss", "tok/s", "eval_loss", "eval_exact_match"),
                                  tensorboard=cfg.tensorboard)
-    logger._progress.update(logger._task, completed=start_step)
     first_eval = self.evaluate() if start_step == 0 and cfg.eval.every else {}
     if first_eval:
-      logger.log(0, first_eval, advance=False)
+      logger.log(0, first_eval)
     flops_per_token = self.model.cfg.flops_per_token(cfg.packing.seq_len) if hasattr(
         self.model.cfg, "flops_per_token") else None
     peak = _peak_tflops()
     t_last = time.perf_counter()
     results: dict[str, Any] = {"start_step": start_step, "eval_before": first_eval}
     losses_seen = []
-    for step in range(start_step + 1, cfg.steps + 1):
+    last = cfg.steps if until is None else min(until, cfg.steps)
+    for step in range(start_step + 1, last + 1):
       batch = next(it)
       self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays))
       if step % cfg.log_every == 0 or step == cfg.steps:
@@ -252,14 +257,17 @@ class SFTTrainer:
       if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
         ev = self.evaluate()
         if ev:
-          logger.log(step, ev, advance=False)
+          logger.log(step, ev)
           results["eval_after"] = ev
       if self.checkpointer is not None:
         self.checkpointer.save(step, self.state, {"data": it.get_state(), "step": step},
-                               force=step == cfg.steps)
+                               force=step == last)
     if self.checkpointer is not None:
       self.checkpointer.close()
     plot = logger.close(title="sft")
+    if last < cfg.steps:
+      (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+      return dict(results, losses=losses_seen, stopped_at=last)
     results.update(steps=cfg.steps, losses=losses_seen, plot=str(plot) if plot else None,
                    skipped=int(self.state.skipped), packing=dataclasses.asdict(batch.stats))
     if cfg.export_hf:

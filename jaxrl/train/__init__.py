@@ -8,6 +8,7 @@ from jaxrl.train._step import (
     accumulate_gradients,
     init_train_state,
     make_train_step,
+    place_on_mesh,
     split_micro_batches,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "make_optimizer",
     "make_schedule",
     "make_train_step",
+    "place_on_mesh",
     "split_micro_batches",
 ]

@@ -40,7 +40,7 @@ class MetricsLogger:
     self._progress.start()
     self._start = time.perf_counter()
 
-  def log(self, step: int, metrics: dict[str, float], *, advance: bool = True) -> None:
+  def log(self, step: int, metrics: dict[str, float]) -> None:
     clean = {k: float(v) for k, v in metrics.items()}
     for k, v in clean.items():
       self.history.setdefault(k, []).append((step, v))
@@ -49,7 +49,7 @@ class MetricsLogger:
     self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
     self._jsonl.flush()
     info = "  ".join(f"{k}={_fmt(clean[k])}" for k in self.show if k in clean)
-    self._progress.update(self._task, advance=1 if advance else 0, info=info)
+    self._progress.update(self._task, completed=step, info=info)
 
   def note(self, text: str) -> None:
     self._progress.console.print(text)

@@ -31,6 +31,23 @@ def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainSt
                     skipped=jnp.zeros((), jnp.int32))
 
 
+def place_on_mesh(tree, mesh: Mesh | None):
+  """Replicates every leaf not yet laid out on ``mesh`` (step counters, optimizer counts...).
+
+  Leaves created outside ``jit`` live on one device; once checkpointed and restored they would be
+  committed there and clash with the sharded parameters in the next jitted step.
+  """
+  if mesh is None:
+    return tree
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def place(x):
+    if isinstance(x, jax.Array) and not (isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh):
+      return jax.device_put(x, replicated)
+    return x
+  return jax.tree.map(place, tree)
+
+
 def split_micro_batches(batch, micro_batches: int, *, mesh: Mesh | None = None,
                         batch_axes: Sequence[str] = ("data", "fsdp")):
   """``[G, ...]`` → ``[M, G/M, ...]`` with micro-batch ``m`` holding rows ``m, m+M, m+2M, ...``.

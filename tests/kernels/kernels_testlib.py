@@ -98,15 +98,24 @@ def assert_close(got, want, kind: str, name: str = ""):
     np.testing.assert_allclose(got, want, atol=tol, rtol=tol, err_msg=name)
 
 
+# Interpret-mode kernels unroll into large CPU programs; XLA's backend optimisations roughly double
+# their compile time and buy nothing for a correctness test (same options for kernel and reference).
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def run_jitted(fn, *args):
+  """``jax.jit(fn)(*args)``, compiled with :data:`FAST_COMPILE`."""
+  return jax.jit(fn).lower(*args).compile(FAST_COMPILE)(*args)
+
+
 def value_and_grads(fn, q, k, v, do):
   """``(out, (dq, dk, dv))`` of ``fn(q, k, v)`` under the cotangent ``do``, jitted once."""
 
-  @jax.jit
   def run(q, k, v, do):
     out, vjp = jax.vjp(fn, q, k, v)
     return out, vjp(do)
 
-  return run(q, k, v, do)
+  return run_jitted(run, q, k, v, do)
 
 
 def reference_value_and_grads(q, k, v, do, **kw):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernels_testlib import packed_batch, positions_for
+from kernels_testlib import packed_batch, positions_for, run_jitted
 
 from jaxrl import kernels
 
@@ -29,9 +29,9 @@ def dense_tile_classes(seg, pos, bq, bk, *, causal, window, kv_seg=None, kv_pos=
 def classes(seg, pos, bq, bk, rule, kv_seg=None, kv_pos=None):
   kv_seg = seg if kv_seg is None else kv_seg
   kv_pos = pos if kv_pos is None else kv_pos
-  fn = jax.jit(lambda a, b, c, d: kernels.tile_classes(a, b, c, d, block_q=bq, block_kv=bk,
-                                                       **rule))
-  visit, full = fn(jnp.asarray(seg), jnp.asarray(kv_seg), jnp.asarray(pos), jnp.asarray(kv_pos))
+  visit, full = run_jitted(
+      lambda a, b, c, d: kernels.tile_classes(a, b, c, d, block_q=bq, block_kv=bk, **rule),
+      jnp.asarray(seg), jnp.asarray(kv_seg), jnp.asarray(pos), jnp.asarray(kv_pos))
   return np.asarray(visit), np.asarray(full)
 
 
@@ -80,9 +80,9 @@ def test_tile_classes_handle_distinct_query_and_key_layouts():
 def test_block_ranges_cover_visible_tiles_and_full_ranges_need_no_mask(rule):
   seg, pos = packed_batch(seed=5, t=256)
   bq, bk = 16, 32
-  rows, cols = jax.jit(lambda a, b: kernels.block_ranges(a, a, b, b, block_q=bq, block_kv=bk,
-                                                         **rule))(jnp.asarray(seg),
-                                                                  jnp.asarray(pos))
+  rows, cols = run_jitted(
+      lambda a, b: kernels.block_ranges(a, a, b, b, block_q=bq, block_kv=bk, **rule),
+      jnp.asarray(seg), jnp.asarray(pos))
   nonzero, dense_full = dense_tile_classes(seg, pos, bq, bk, **rule)
   b, nq, nk = nonzero.shape
   for ranges, tiles, full, n_inner in ((rows, nonzero, dense_full, nk),
@@ -107,11 +107,12 @@ def test_sixteen_equal_documents_visit_a_sixteenth_of_the_causal_tiles():
   seg = np.repeat(np.arange(1, docs + 1, dtype=np.int32), t // docs)[None]
   pos = positions_for(seg[0])[None]
   dense = np.ones_like(seg)
-  run = jax.jit(lambda s, p: kernels.visited_tiles(
-      kernels.block_ranges(s, s, p, p, block_q=block, block_kv=block, causal=True,
-                           window=None)[0]))
-  packed, packed_masked = run(jnp.asarray(seg), jnp.asarray(pos))
-  causal, causal_masked = run(jnp.asarray(dense), jnp.asarray(np.arange(t)[None]))
+  def run(s, p):
+    return kernels.visited_tiles(kernels.block_ranges(s, s, p, p, block_q=block, block_kv=block,
+                                                      causal=True, window=None)[0])
+
+  packed, packed_masked = run_jitted(run, jnp.asarray(seg), jnp.asarray(pos))
+  causal, causal_masked = run_jitted(run, jnp.asarray(dense), jnp.asarray(np.arange(t)[None]))
   m = t // docs // block  # tiles per document side
   n = t // block
   assert int(causal[0]) == n * (n + 1) // 2
@@ -127,9 +128,11 @@ def test_sixteen_equal_documents_triton_kernel_counts_its_visited_tiles():
   q = jnp.zeros((1, t, 2, 64), jnp.float32)
   k = jnp.zeros((1, t, 1, 64), jnp.float32)
   bs = kernels.BlockSizes(block_q=block, block_kv=block)
-  counts = kernels.visited_tile_counts(q, k, k, segment_ids=jnp.asarray(seg),
-                                       positions=jnp.asarray(pos), block_sizes=bs,
-                                       backend="triton", interpret=True)
+  counts = run_jitted(
+      lambda q, k, s, p: kernels.visited_tile_counts(q, k, k, segment_ids=s, positions=p,
+                                                     block_sizes=bs, backend="triton",
+                                                     interpret=True),
+      q, k, jnp.asarray(seg), jnp.asarray(pos))
   m = t // docs // block
   assert int(np.sum(counts)) == docs * m * (m + 1) // 2
   rows, _ = kernels.block_ranges(jnp.asarray(seg), jnp.asarray(seg), jnp.asarray(pos),

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
-from kernels_testlib import assert_close
+from kernels_testlib import assert_close, run_jitted
 
 from jaxrl import kernels
 
@@ -48,9 +48,9 @@ def test_decode_pallas_matches_attention_with_segment_pair(impl):
   kw = dict(window=70, softcap=5.0)
   interpret = (pltpu.InterpretParams(detect_races=True, uninitialized_memory="nan")
                if impl == "pallas_tpu" else True)
-  got = jax.jit(lambda q, k, v, n: kernels.decode_attention(q, k, v, n, impl=impl,
-                                                            interpret=interpret, **kw))(
-      q, k, v, lengths)
+  got = run_jitted(lambda q, k, v, n: kernels.decode_attention(q, k, v, n, impl=impl,
+                                                               interpret=interpret, **kw),
+                   q, k, v, lengths)
   assert_close(got, attention_with_segment_pair(q, k, v, lengths, **kw), "out")
   assert np.all(np.asarray(got)[0] == 0)
 
@@ -58,7 +58,9 @@ def test_decode_pallas_matches_attention_with_segment_pair(impl):
 def test_decode_triton_splits_combine_to_the_reference():
   q, k, v, lengths = cache(2, jnp.bfloat16)
   from jaxrl.kernels._decode import decode_attention_triton
-  got = decode_attention_triton(q, k, v, lengths, block_kv=32, num_splits=3, interpret=True)
+  got = run_jitted(lambda q, k, v, n: decode_attention_triton(q, k, v, n, block_kv=32,
+                                                              num_splits=3, interpret=True),
+                   q, k, v, lengths)
   want = attention_with_segment_pair(*(x.astype(jnp.float32) for x in (q, k, v)), lengths)
   assert got.dtype == jnp.bfloat16
   assert_close(got, want, "out")

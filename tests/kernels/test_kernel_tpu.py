@@ -13,7 +13,7 @@ import pytest
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
 from jax.experimental.pallas import tpu as pltpu
 from kernels_testlib import (assert_close, packed_batch, qkv, reference_value_and_grads,
-                             value_and_grads)
+                             run_jitted, value_and_grads)
 
 from jaxrl import kernels
 
@@ -57,7 +57,32 @@ def test_tpu_kernel_runs_only_the_visited_tiles():
   seg = np.repeat(np.arange(1, docs + 1, dtype=np.int32), t // docs)[None]
   q = jnp.zeros((1, t, 1, 128), jnp.float32)
   bs = kernels.BlockSizes(block_q=block, block_kv=block)
-  counts = kernels.visited_tile_counts(q, q, q, segment_ids=jnp.asarray(seg), block_sizes=bs,
-                                       backend="tpu", interpret=INTERPRET)
+  counts = run_jitted(
+      lambda q, s: kernels.visited_tile_counts(q, q, q, segment_ids=s, block_sizes=bs,
+                                               backend="tpu", interpret=INTERPRET),
+      q, jnp.asarray(seg))
   # Each document is one tile: only the diagonal runs (4 of the 10 causal tiles).
   np.testing.assert_array_equal(np.asarray(counts), np.ones((1, 1, t // block), np.int32))
+
+
+def test_tpu_index_maps_fetch_each_visited_tile_once():
+  """Clamped index maps: a block index changes only inside ``[lo, hi)``, so skipped steps reuse
+  the resident block and Pallas issues no DMA for them."""
+  from jaxrl.kernels._tpu import tile_schedule
+  t, block = 2048, 128
+  seg, pos = packed_batch(2, t)
+  n = t // block
+
+  def schedules(s, p):
+    rows, cols = kernels.block_ranges(s, s, p, p, block_q=block, block_kv=block, causal=True,
+                                      window=None)
+    return (rows, tile_schedule(rows, n)), (cols, tile_schedule(cols, n))
+
+  for ranges, sched in run_jitted(schedules, jnp.asarray(seg), jnp.asarray(pos)):
+    sched = np.asarray(sched)
+    fetches = 1 + np.sum(sched[..., 1:] != sched[..., :-1], axis=-1)
+    visited = np.asarray(ranges.hi - ranges.lo)
+    np.testing.assert_array_equal(fetches, np.maximum(visited, 1))
+    idx = np.arange(n)
+    inside = (idx >= np.asarray(ranges.lo)[..., None]) & (idx < np.asarray(ranges.hi)[..., None])
+    np.testing.assert_array_equal(sched[inside], np.broadcast_to(idx, sched.shape)[inside])

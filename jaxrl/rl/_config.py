@@ -1,0 +1,302 @@
+"""The RL trainer's configuration: one frozen dataclass per YAML section, validated on construction.
+
+Every registry name (advantage estimator, policy objective, aggregation mode, KL estimator) is checked
+against :mod:`jaxrl.losses` here, so a typo fails when the config loads, naming the key and value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from jaxrl import losses, sharding, train
+from jaxrl.models._source import ModelSource
+from jaxrl.rewards import RewardRunnerConfig
+from jaxrl.sft import CheckpointConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuiltinPrompts:
+  """The built-in arithmetic task as prompts (``jaxrl.data.generate_arithmetic``) with ``answer`` fields."""
+
+  n_train: int = 2000
+  "Training prompts drawn from the train split."
+  n_heldout: int = 64
+  "Distinct held-out prompts (never in the train split)."
+  difficulty: int = 2
+  "jaxrl.data.ArithmeticConfig.level: 0 = one-digit a+b ... 4 = four terms up to 99."
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.n_train < 1:
+      raise ValueError(f"data.builtin.n_train must be >= 1, got {self.n_train!r}")
+    if self.n_heldout < 0:
+      raise ValueError(f"data.builtin.n_heldout must be >= 0, got {self.n_heldout!r}")
+    if self.difficulty not in range(5):
+      raise ValueError(f"data.builtin.difficulty must be in 0..4, got {self.difficulty!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptData:
+  """Where prompts come from. A record is ``{"prompt": str | messages}`` or ``{"messages": [...]}``
+  plus the fields the reward function reads (``answer``, ``tests``, ...)."""
+
+  train: tuple[str, ...] = ()
+  "JSONL prompt files. Empty: use `builtin`."
+  heldout: tuple[str, ...] = ()
+  "JSONL held-out prompt files for evaluation. Empty with `builtin`: the built-in held-out split."
+  builtin: BuiltinPrompts | None = dataclasses.field(default_factory=BuiltinPrompts)
+  "The built-in task, used when `train` is empty."
+  shuffle_seed: int = 0
+  "Seed of the per-epoch prompt shuffle."
+  max_prompt_tokens: int = 1024
+  "Prompts longer than this many tokens are skipped (counted in the log)."
+
+  def __post_init__(self):
+    if not self.train and self.builtin is None:
+      raise ValueError("data: give data.train files or data.builtin")
+    if self.max_prompt_tokens < 1:
+      raise ValueError(f"data.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContextStage:
+  """One stage of iterative context lengthening (DeepScaleR 8K → 16K → 24K)."""
+
+  start_step: int
+  "First RL step of the stage; the stage restarts from the checkpoint saved at ``start_step - 1``."
+  max_new_tokens: int
+  "Response budget from this step on."
+  n: int | None = None
+  "Samples per prompt from this step on (default: unchanged)."
+
+  def __post_init__(self):
+    if self.start_step < 2:
+      raise ValueError(f"rollout.context_schedule[].start_step must be >= 2, got {self.start_step!r}")
+    if self.max_new_tokens < 1:
+      raise ValueError(f"rollout.context_schedule[].max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
+    if self.n is not None and self.n < 1:
+      raise ValueError(f"rollout.context_schedule[].n must be >= 1, got {self.n!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OverlongPenalty:
+  """DAPO soft overlong punishment added to the task reward (``jaxrl.losses.dapo_overlong_penalty``)."""
+
+  cache_len: int
+  "L_cache: the punishment ramps from 0 to -1 over the last `cache_len` tokens."
+  max_len: int | None = None
+  "L_max; default the current stage's `max_new_tokens`."
+
+  def __post_init__(self):
+    if self.cache_len < 1:
+      raise ValueError(f"rollout.overlong_penalty.cache_len must be >= 1, got {self.cache_len!r}")
+    if self.max_len is not None and self.max_len < self.cache_len:
+      raise ValueError(f"rollout.overlong_penalty.max_len={self.max_len!r} must be >= cache_len={self.cache_len}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+  """Sampling, dynamic sampling and overlong handling."""
+
+  prompts_per_step: int = 8
+  "Prompt groups in the batch of one RL step."
+  n: int = 8
+  "Samples per prompt (the group size)."
+  max_new_tokens: int = 64
+  "Response budget (first stage of `context_schedule`)."
+  context_schedule: tuple[ContextStage, ...] = ()
+  "Later stages of iterative context lengthening, in increasing `start_step`."
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  stop_strings: tuple[str, ...] = ()
+  dynamic_sampling: bool = False
+  "DAPO: drop groups whose rewards are all equal and generate more until the batch is full."
+  max_rounds: int = 3
+  "Most generation rounds per step with dynamic sampling (the batch may stay short)."
+  overlong_filter: bool = False
+  "Mask truncated responses out of the loss (GRPO+ / DAPO overlong filtering)."
+  overlong_penalty: OverlongPenalty | None = None
+  "DAPO soft overlong punishment; null disables it."
+  decode_impl: Literal["kernel", "model"] = "kernel"
+  "Sampler decode path (jaxrl.sampling.Sampler)."
+
+  def __post_init__(self):
+    for key in ("prompts_per_step", "n", "max_new_tokens", "max_rounds"):
+      if getattr(self, key) < 1:
+        raise ValueError(f"rollout.{key} must be >= 1, got {getattr(self, key)!r}")
+    if self.temperature <= 0:
+      raise ValueError(f"rollout.temperature must be > 0 for RL sampling, got {self.temperature!r}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p!r}")
+    if self.top_k < 0:
+      raise ValueError(f"rollout.top_k must be >= 0, got {self.top_k!r}")
+    starts = [s.start_step for s in self.context_schedule]
+    if starts != sorted(set(starts)):
+      raise ValueError(f"rollout.context_schedule: start_step values must increase, got {starts}")
+
+  def stage(self, step: int) -> tuple[int, int, int]:
+    """``(stage index, max_new_tokens, n)`` in force at RL step ``step``."""
+    index, max_new, n = 0, self.max_new_tokens, self.n
+    for i, s in enumerate(self.context_schedule, start=1):
+      if step >= s.start_step:
+        index, max_new, n = i, s.max_new_tokens, s.n or n
+    return index, max_new, n
+
+  @property
+  def max_max_new_tokens(self) -> int:
+    return max([self.max_new_tokens] + [s.max_new_tokens for s in self.context_schedule])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardSection:
+  """The reward function and its runner."""
+
+  fn: str = "jaxrl.rl:arithmetic_reward"
+  "Import path ``module:function`` or a built-in name (math, code, format, reasoning_gym)."
+  kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  "Bound to the function, e.g. {config: {correct_value: 5.0, incorrect_value: -5.0}}."
+  runner: RewardRunnerConfig = dataclasses.field(default_factory=RewardRunnerConfig)
+  correct_threshold: float = 0.5
+  "A sample counts as correct (the `accuracy` metric) when its task reward exceeds this."
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig:
+  """Advantage, objective, aggregation, KL and the update schedule; names index `jaxrl.losses`."""
+
+  advantage: str = "grpo"
+  "A key of jaxrl.losses.ADVANTAGES."
+  advantage_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  objective: str = "ppo_clip"
+  "A key of jaxrl.losses.OBJECTIVES; `decoupled_ppo` gets the sampler's log-probs as π_behav and the "
+  "trainer's as π_prox."
+  objective_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  aggregation: str = "token_mean"
+  "A jaxrl.losses.AGGREGATION_MODES entry; normalised once per global mini-batch."
+  aggregation_max_len: int | None = None
+  "L of `seq_mean_token_sum_norm`; default the current stage's max_new_tokens."
+  ppo_epochs: int = 1
+  "Passes over each step's batch."
+  mini_batches: int = 1
+  "Optimizer updates per epoch; the step's prompt groups are split evenly between them."
+  old_logprobs: Literal["sampler", "recompute"] = "recompute"
+  "π_old: the sampler's log-probs, or the trainer's forward pass at the rollout parameters."
+  kl_coef: float = 0.0
+  "β of the KL loss to a frozen reference policy (the initial model); 0 skips the reference entirely."
+  kl_estimator: str = "k3"
+  "A key of jaxrl.losses.KL."
+  entropy_coef: float = 0.0
+  "Entropy bonus coefficient (loss -= coef · aggregated entropy)."
+  logprob_chunk_size: int = 1024
+  "Tokens per chunk of jaxrl.losses.token_logprobs."
+
+  def __post_init__(self):
+    if self.advantage not in losses.ADVANTAGES:
+      raise ValueError(f"algorithm.advantage: unknown {self.advantage!r}; known: {sorted(losses.ADVANTAGES)}")
+    if self.objective not in losses.OBJECTIVES:
+      raise ValueError(f"algorithm.objective: unknown {self.objective!r}; known: {sorted(losses.OBJECTIVES)}")
+    if self.aggregation not in losses.AGGREGATION_MODES:
+      raise ValueError(f"algorithm.aggregation: unknown {self.aggregation!r}; "
+                       f"known: {list(losses.AGGREGATION_MODES)}")
+    if self.kl_estimator not in losses.KL:
+      raise ValueError(f"algorithm.kl_estimator: unknown {self.kl_estimator!r}; known: {sorted(losses.KL)}")
+    for key in ("ppo_epochs", "mini_batches", "logprob_chunk_size"):
+      if getattr(self, key) < 1:
+        raise ValueError(f"algorithm.{key} must be >= 1, got {getattr(self, key)!r}")
+    if self.kl_coef < 0:
+      raise ValueError(f"algorithm.kl_coef must be >= 0, got {self.kl_coef!r}")
+    if self.aggregation_max_len is not None and self.aggregation_max_len < 1:
+      raise ValueError(f"algorithm.aggregation_max_len must be >= 1, got {self.aggregation_max_len!r}")
+
+  @property
+  def decoupled(self) -> bool:
+    return self.objective == "decoupled_ppo"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MicroBatchConfig:
+  """Token-budget micro-batching of the updates (AReaL Algorithm 1)."""
+
+  token_budget: int = 8192
+  "Tokens per micro-batch (all of its rows together): `token_budget // row_len` rows."
+  row_len: int | None = None
+  "Tokens per packed row; default `data.max_prompt_tokens` + the largest `max_new_tokens`."
+  bucket: Literal["pow2", "exact"] = "pow2"
+  "Micro-batch count per update: rounded up to a power of two (fewer compilations) or exact."
+
+  def __post_init__(self):
+    if self.token_budget < 1:
+      raise ValueError(f"micro_batch.token_budget must be >= 1, got {self.token_budget!r}")
+    if self.row_len is not None and not 2 <= self.row_len <= self.token_budget:
+      raise ValueError(f"micro_batch.row_len must be in [2, token_budget={self.token_budget}], "
+                       f"got {self.row_len!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLEvalConfig:
+  """Held-out evaluation: greedy completions scored by the reward function."""
+
+  every: int = 10
+  "RL steps between evaluations (and before the first and after the last step); 0 disables."
+  prompts: int = 64
+  "Held-out prompts to evaluate."
+  max_new_tokens: int | None = None
+  "Default: the current stage's max_new_tokens."
+
+  def __post_init__(self):
+    if self.every < 0 or self.prompts < 0:
+      raise ValueError(f"eval.every / eval.prompts must be >= 0, got {self.every!r} / {self.prompts!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLConfig:
+  """``jaxrl rl --config FILE``: GRPO / DAPO / GRPO+ / decoupled PPO on one mesh."""
+
+  model: ModelSource = dataclasses.field(default_factory=lambda: ModelSource(preset="tiny"))
+  tokenizer: str | None = None
+  "Tokenizer dir; default the model's hf_dir, else the built-in tiny tokenizer."
+  data: PromptData = dataclasses.field(default_factory=PromptData)
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+  reward: RewardSection = dataclasses.field(default_factory=RewardSection)
+  algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+  micro_batch: MicroBatchConfig = dataclasses.field(default_factory=MicroBatchConfig)
+  optim: train.OptimConfig = dataclasses.field(default_factory=lambda: train.OptimConfig(lr=1e-6))
+  "Schedules count optimizer updates: steps × ppo_epochs × mini_batches in all."
+  steps: int = 100
+  "RL steps (rollout + updates)."
+  eval: RLEvalConfig = dataclasses.field(default_factory=RLEvalConfig)
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+  mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
+  out_dir: str = "runs/rl"
+  seed: int = 0
+  "Base of the sampler's PRNG keys and of the mini-batch shuffle."
+  export_hf: bool = False
+  "Write an HF directory (out_dir/hf) at the end."
+  tensorboard: bool = True
+
+  def __post_init__(self):
+    if self.steps < 1:
+      raise ValueError(f"steps must be >= 1, got {self.steps!r}")
+    if self.rollout.prompts_per_step % self.algorithm.mini_batches:
+      raise ValueError(f"algorithm.mini_batches={self.algorithm.mini_batches} must divide "
+                       f"rollout.prompts_per_step={self.rollout.prompts_per_step}")
+    last = [s.start_step for s in self.rollout.context_schedule if s.start_step > self.steps]
+    if last:
+      raise ValueError(f"rollout.context_schedule: start_step {last} beyond steps={self.steps}")
+    need = self.data.max_prompt_tokens + self.rollout.max_max_new_tokens
+    if self.micro_batch.row_len is not None and self.micro_batch.row_len < need - 1:
+      raise ValueError(f"micro_batch.row_len={self.micro_batch.row_len} cannot hold a full sequence: need "
+                       f">= data.max_prompt_tokens + max_new_tokens - 1 = {need - 1}")
+    if self.micro_batch.row_len is None and self.micro_batch.token_budget < need:
+      raise ValueError(f"micro_batch.token_budget={self.micro_batch.token_budget} is below one full sequence "
+                       f"(data.max_prompt_tokens + max_new_tokens = {need})")
+
+  @property
+  def row_len(self) -> int:
+    return self.micro_batch.row_len or self.data.max_prompt_tokens + self.rollout.max_max_new_tokens
+
+  @property
+  def updates_per_step(self) -> int:
+    return self.algorithm.ppo_epochs * self.algorithm.mini_batches

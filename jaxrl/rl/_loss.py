@@ -1,0 +1,91 @@
+"""The RL update's loss: model forward + ``jaxrl.losses`` pieces chosen by name in the config.
+
+``prepare`` folds the aggregation's global normaliser into per-token ``weights`` once per global
+mini-batch (before it is split into micro-batches); ``loss_fn`` of a micro-batch is then the plain
+weighted sum ``Σ w·ℓ`` of the configured objective (+ β·KL − c·entropy), so the accumulated loss and
+gradient equal those of the unsplit mini-batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl import losses
+from jaxrl.rl._config import AlgorithmConfig
+
+MICRO_VECTOR_PREFIX = "mb/"
+"""Metrics under this prefix are ``[M]`` vectors, one entry per micro-batch (min/max do not add up)."""
+
+
+def policy_logprobs(graphdef, params, mb, *, temperature: float, chunk_size: int, return_entropy: bool = False):
+  """``log π(targets)`` (and entropy) at ``temperature`` over packed rows, float32 ``[B, T]``."""
+  model = nnx.merge(graphdef, params)
+  hidden = model(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"],
+                 return_hidden=True)  # [B, T, D]
+  return losses.token_logprobs(hidden, model.unembed_matrix(), mb["targets"], chunk_size=chunk_size,
+                               temperature=temperature, return_entropy=return_entropy)
+
+
+def make_logprob_fn(graphdef, *, temperature: float, chunk_size: int):
+  """Jitted ``fn(params, micro_batch) -> [R, T]`` log-probs (old-policy recompute, reference policy)."""
+  return jax.jit(lambda params, mb: policy_logprobs(graphdef, params, mb, temperature=temperature,
+                                                    chunk_size=chunk_size))
+
+
+def make_prepare(algo: AlgorithmConfig, *, num_groups: int, max_len: int):
+  """``prepare(batch) -> batch`` adding ``weights = loss_weights(loss_mask, mode=aggregation)``."""
+  def prepare(batch):
+    w = losses.loss_weights(batch["loss_mask"], mode=algo.aggregation, group_ids=batch["group_ids"],
+                            num_groups=num_groups, segment_ids=batch["segment_ids"], max_len=max_len)
+    return dict(batch, weights=w)
+  return prepare
+
+
+def make_loss_fn(graphdef, algo: AlgorithmConfig, *, temperature: float, num_micro: int):
+  """``loss_fn(params, micro_batch, current_as_old) -> (loss, metrics)`` for ``make_train_step``.
+
+  ``current_as_old`` (scalar bool) makes π_old the stop-gradient of the current log-probs: the
+  first mini-batch of a step, whose parameters *are* the rollout parameters (ratio exactly 1, as
+  verl's on-policy shortcut). Otherwise π_old is ``old_logprobs`` (sampler or recomputed).
+  ``decoupled_ppo`` gets the sampler's log-probs as π_behav and the trainer's as π_prox.
+
+  Metrics: the objective's weighted sums (add up over micro-batches), ``loss_tokens``,
+  ``logprob_diff_sum`` (``Σ mask·|log π_θ − log π_sampler|``), and ``mb/*`` one-hot vectors for
+  per-micro-batch ratio min/max and the log-prob difference max.
+  """
+  objective = losses.OBJECTIVES[algo.objective]
+
+  def loss_fn(params, mb, current_as_old):
+    logp, entropy = policy_logprobs(graphdef, params, mb, temperature=temperature,
+                                    chunk_size=algo.logprob_chunk_size, return_entropy=True)  # [B, T]
+    w, mask = mb["weights"], mb["loss_mask"]
+    sampler_lp = mb["sampler_logprobs"]
+    old = jnp.where(current_as_old, jax.lax.stop_gradient(logp), mb["old_logprobs"])
+    if algo.decoupled:
+      anchors = dict(old_logprobs=sampler_lp, prox_logprobs=old)
+    else:
+      anchors = dict(old_logprobs=old)
+    loss, metrics = objective(logprobs=logp, advantages=mb["advantages"], loss_weights=w, response_mask=mask,
+                              segment_ids=mb["segment_ids"], entropy=entropy, **anchors, **algo.objective_kwargs)
+    if algo.kl_coef > 0:
+      kl, kl_metrics = losses.kl_loss(logprobs=logp, ref_logprobs=mb["ref_logprobs"], loss_weights=w,
+                                      estimator=algo.kl_estimator)
+      loss = loss + algo.kl_coef * kl
+      metrics["kl"] = kl_metrics["kl"]
+    if algo.entropy_coef > 0:
+      loss = loss - algo.entropy_coef * jnp.sum(jnp.where(w != 0, w * entropy, 0.0))
+    onehot = jax.nn.one_hot(mb["mb_index"][0], num_micro, dtype=jnp.float32)  # [M]
+    valid = mask > 0
+    diff = jnp.where(valid, jnp.abs(jax.lax.stop_gradient(logp) - sampler_lp), 0.0)
+    p = MICRO_VECTOR_PREFIX
+    metrics[p + "ratio_min"] = onehot * metrics.pop("ratio_min")
+    metrics[p + "ratio_max"] = onehot * metrics.pop("ratio_max")
+    metrics[p + "logprob_diff_max"] = onehot * jnp.max(diff)
+    metrics[p + "tokens"] = onehot * jnp.sum(mask)
+    metrics["loss_tokens"] = jnp.sum(mask)
+    metrics["logprob_diff_sum"] = jnp.sum(diff)
+    return loss, metrics
+
+  return loss_fn

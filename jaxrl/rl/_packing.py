@@ -1,0 +1,130 @@
+"""Token-budget micro-batching of variable-length sequences (AReaL dynamic batching, Algorithm 1).
+
+A micro-batch is ``R`` packed rows of ``T`` tokens (budget ``R·T``). Sequences are placed longest
+first; each goes to the micro-batch with the *fewest* tokens that still has a row it fits in (the
+fullest such row: best fit), and a new micro-batch is opened only when none has room. Long and short
+responses share rows, so little of the budget is padding, and the micro-batches carry balanced token
+counts, which minimises the number of forward/backward passes under a fixed memory bound.
+
+Rows hold whole sequences back to back with ``segment_ids`` 1, 2, ... (0 = padding) and ``positions``
+restarting at 0, so attention never crosses sequences. Loss normalisers are computed on the whole
+mini-batch (``prepare`` of :func:`jaxrl.train.make_train_step`), never per micro-batch, so the
+gradient does not depend on the packing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+FLOAT_KEYS = ("loss_mask", "advantages", "sampler_logprobs")
+
+
+def assign_micro_batches(lengths: Sequence[int], *, row_len: int, rows: int) -> list[list[list[int]]]:
+  """Places sequences into micro-batches of ``rows`` rows of ``row_len`` tokens.
+
+  Args:
+    lengths: tokens of each sequence, each in ``[1, row_len]``.
+    row_len: row capacity ``T``.
+    rows: rows per micro-batch ``R``.
+
+  Returns:
+    ``micro_batches[m][r]`` = sequence indices in row ``r`` of micro-batch ``m``, in placement order.
+
+  References: Fu et al. 2025, "AReaL", Algorithm 1 (seeds 000 "AReaL", dynamic batching).
+  """
+  lengths = [int(x) for x in lengths]
+  bad = [x for x in lengths if not 1 <= x <= row_len]
+  if bad:
+    raise ValueError(f"sequence lengths must be in [1, row_len={row_len}], got {bad[:5]}")
+  if rows < 1:
+    raise ValueError(f"rows must be >= 1, got {rows}")
+  order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+  micro: list[list[list[int]]] = []
+  fill: list[list[int]] = []  # tokens per row
+  total: list[int] = []  # tokens per micro-batch
+  for i in order:
+    n = lengths[i]
+    best = None
+    for m in sorted(range(len(micro)), key=lambda m: (total[m], m)):
+      free = [r for r in range(rows) if fill[m][r] + n <= row_len]
+      if free:
+        best = (m, max(free, key=lambda r: (fill[m][r], -r)))
+        break
+    if best is None:
+      micro.append([[] for _ in range(rows)])
+      fill.append([0] * rows)
+      total.append(0)
+      best = (len(micro) - 1, 0)
+    m, r = best
+    micro[m][r].append(i)
+    fill[m][r] += n
+    total[m] += n
+  return micro
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedBatch:
+  """One mini-batch as ``[M, R, T]`` arrays (``M`` micro-batches after bucketing)."""
+
+  arrays: dict[str, np.ndarray]
+  num_micro: int  # micro-batches with sequences (before bucketing)
+  tokens: int  # real tokens
+  assignment: list[list[list[int]]]
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    return self.arrays["tokens"].shape
+
+  @property
+  def efficiency(self) -> float:
+    return self.tokens / float(np.prod(self.shape))
+
+  def micro_batch(self, m: int) -> dict[str, np.ndarray]:
+    return {k: v[m] for k, v in self.arrays.items()}
+
+  def interleaved(self) -> dict[str, np.ndarray]:
+    """``[R·M, T]`` with row ``r·M + m`` = row ``r`` of micro-batch ``m``.
+
+    :func:`jaxrl.train.split_micro_batches` takes rows ``m, m+M, ...`` as micro-batch ``m``, so this
+    layout gives back exactly the packed micro-batches.
+    """
+    return {k: np.ascontiguousarray(np.swapaxes(v, 0, 1)).reshape(-1, *v.shape[2:])
+            for k, v in self.arrays.items()}
+
+
+def _bucket(m: int, mode: str) -> int:
+  if mode == "exact":
+    return m
+  return 1 << (m - 1).bit_length()
+
+
+def pack_sequences(seqs: Sequence[dict[str, np.ndarray]], *, row_len: int, rows: int,
+                   bucket: str = "pow2") -> PackedBatch:
+  """Packs per-sequence arrays (``tokens``, ``targets``, ``loss_mask``, ...) into micro-batches.
+
+  Adds ``positions``, ``segment_ids`` and ``mb_index`` (``[M, R]``: the micro-batch of each row).
+  Micro-batches added by bucketing are all padding (zero loss mask).
+  """
+  lengths = [len(s["tokens"]) for s in seqs]
+  assignment = assign_micro_batches(lengths, row_len=row_len, rows=rows)
+  m_real = max(len(assignment), 1)
+  m = _bucket(m_real, bucket)
+  keys = list(seqs[0]) if seqs else ["tokens", "targets", *FLOAT_KEYS, "group_ids"]
+  arrays = {k: np.zeros((m, rows, row_len), np.float32 if k in FLOAT_KEYS else np.int32) for k in keys}
+  arrays["positions"] = np.zeros((m, rows, row_len), np.int32)
+  arrays["segment_ids"] = np.zeros((m, rows, row_len), np.int32)
+  for mi, micro in enumerate(assignment):
+    for r, row in enumerate(micro):
+      o = 0
+      for seg, i in enumerate(row, start=1):
+        n = lengths[i]
+        for k in keys:
+          arrays[k][mi, r, o:o + n] = seqs[i][k]
+        arrays["positions"][mi, r, o:o + n] = np.arange(n)
+        arrays["segment_ids"][mi, r, o:o + n] = seg
+        o += n
+  arrays["mb_index"] = np.broadcast_to(np.arange(m, dtype=np.int32)[:, None], (m, rows)).copy()
+  return PackedBatch(arrays=arrays, num_micro=len(assignment), tokens=int(sum(lengths)), assignment=assignment)

@@ -1,0 +1,123 @@
+"""Prompt records for RL: JSONL files or the built-in arithmetic task, and a resumable shuffled stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl import data as data_lib
+from jaxrl.rl._config import BuiltinPrompts, PromptData
+
+PROMPT_KEYS = ("messages", "prompt", "completion")
+"""Record keys that make the prompt; every other key (not starting with ``_``) goes to the reward."""
+
+
+def read_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+  """Reads JSONL records (one object per line); a bad line raises naming ``file:line``."""
+  records = []
+  for p in paths:
+    with open(p, encoding="utf-8") as f:
+      for i, line in enumerate(f, start=1):
+        if not line.strip():
+          continue
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise data_lib.DataError(f"{p}:{i}: invalid JSON: {e}") from None
+        if not isinstance(rec, dict):
+          raise data_lib.DataError(f"{p}:{i}: expected a JSON object, got {type(rec).__name__}")
+        rec.setdefault("_where", f"{p}:{i}")
+        records.append(rec)
+  return records
+
+
+def builtin_records(cfg: BuiltinPrompts, split: str) -> list[dict[str, Any]]:
+  """Built-in arithmetic prompts (``messages`` with the worked answer, and ``answer``)."""
+  task = data_lib.ArithmeticConfig.level(cfg.difficulty)
+  if split == "train":
+    return data_lib.generate_arithmetic(cfg.n_train, seed=cfg.seed, split="train", config=task)
+  if cfg.n_heldout == 0:
+    return []
+  return data_lib.generate_arithmetic(cfg.n_heldout, seed=cfg.seed, split="heldout", config=task, unique=True)
+
+
+def reward_fields(record: dict[str, Any]) -> dict[str, Any]:
+  """The record's columns for the reward function (``answer``, ``tests``, ...)."""
+  return {k: v for k, v in record.items() if k not in PROMPT_KEYS and not k.startswith("_")}
+
+
+class EncodedPrompts:
+  """Records with their prompt token ids and rendered prompt text; over-long prompts are skipped."""
+
+  def __init__(self, records: list[dict[str, Any]], tokenizer, *, max_tokens: int):
+    self.records, self.ids, self.texts = [], [], []
+    self.skipped = 0
+    for rec in records:
+      ids = data_lib.encode_prompt(tokenizer, rec)
+      if len(ids) > max_tokens:
+        self.skipped += 1
+        continue
+      self.records.append(rec)
+      self.ids.append(ids.astype(np.int32))
+      self.texts.append(tokenizer.decode(ids.tolist(), skip_special_tokens=False))
+    if not self.records:
+      raise data_lib.DataError(f"no prompt fits data.max_prompt_tokens={max_tokens} "
+                               f"({self.skipped} skipped)")
+
+  def __len__(self) -> int:
+    return len(self.records)
+
+
+class PromptStream:
+  """Seeded per-epoch shuffle over ``count`` prompts; the state is ``{epoch, index, drawn}``.
+
+  ``drawn`` counts prompts handed out so far; it is the request id of the next prompt, so the
+  sampler's draws for a prompt depend on when it was drawn, not on the batch it landed in.
+  """
+
+  def __init__(self, count: int, *, seed: int):
+    if count < 1:
+      raise ValueError(f"PromptStream needs at least one prompt, got {count}")
+    self.count, self.seed = count, seed
+    self.epoch, self.index, self.drawn = 0, 0, 0
+    self._order = self._permutation(0)
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(self.count)
+
+  def take(self, k: int) -> tuple[list[int], list[int]]:
+    """The next ``k`` prompt indices and their request ids."""
+    out, ids = [], []
+    for _ in range(k):
+      if self.index == self.count:
+        self.epoch, self.index = self.epoch + 1, 0
+        self._order = self._permutation(self.epoch)
+      out.append(int(self._order[self.index]))
+      ids.append(self.drawn)
+      self.index += 1
+      self.drawn += 1
+    return out, ids
+
+  def get_state(self) -> dict[str, int]:
+    return {"epoch": self.epoch, "index": self.index, "drawn": self.drawn}
+
+  def set_state(self, state: dict[str, int]) -> None:
+    self.epoch, self.index, self.drawn = int(state["epoch"]), int(state["index"]), int(state["drawn"])
+    self._order = self._permutation(self.epoch)
+
+
+def load_prompt_sets(cfg: PromptData, tokenizer) -> tuple[EncodedPrompts, EncodedPrompts | None]:
+  """Train and held-out prompt sets from the ``data:`` section."""
+  if cfg.train:
+    train = read_records(cfg.train)
+    heldout = read_records(cfg.heldout) if cfg.heldout else []
+  else:
+    train = builtin_records(cfg.builtin, "train")
+    heldout = read_records(cfg.heldout) if cfg.heldout else builtin_records(cfg.builtin, "heldout")
+  enc_train = EncodedPrompts(train, tokenizer, max_tokens=cfg.max_prompt_tokens)
+  enc_heldout = EncodedPrompts(heldout, tokenizer, max_tokens=cfg.max_prompt_tokens) if heldout else None
+  return enc_train, enc_heldout

@@ -1,0 +1,26 @@
+"""The verifiable reward of the built-in arithmetic task (the quickstart's reward)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxrl import data as data_lib
+from jaxrl.rewards import RewardResult
+
+
+def arithmetic_reward(prompt: str, completion: str, *, answer: str | int, correct: float = 1.0,
+                      incorrect: float = 0.0, **_: Any) -> RewardResult:
+  """``correct`` if the integer after the last ``Answer:`` equals ``answer``, else ``incorrect``.
+
+  Uses :func:`jaxrl.data.exact_match`; ``info["reason"]`` is ``correct``, ``wrong_answer`` or
+  ``no_answer``. Load it as ``reward.fn: jaxrl.rl:arithmetic_reward``.
+
+  Example:
+    >>> arithmetic_reward("3+4=?", "3+4=7. Answer: 7", answer="7").value
+    1.0
+  """
+  del prompt
+  if data_lib.exact_match(completion, answer):
+    return RewardResult(value=float(correct), info={"reason": "correct"})
+  got = data_lib.extract_answer(completion)
+  return RewardResult(value=float(incorrect), info={"reason": "no_answer" if got is None else "wrong_answer"})

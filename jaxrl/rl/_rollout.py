@@ -1,0 +1,140 @@
+"""A step's rollout batch on the host: completions, rewards, masks, advantages; DAPO dynamic sampling.
+
+Rows are samples ``i·n + j`` of prompt group ``i``; ``group_ids`` number the groups ``0..G-1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl import losses
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+  """Completions of ``G`` prompt groups (``N`` samples), with their rewards."""
+
+  prompt_ids: tuple[np.ndarray, ...]  # N × [P_i] int32 prompt tokens
+  tokens: np.ndarray  # [N, L] int32 response tokens (pad after lengths)
+  logprobs: np.ndarray  # [N, L] float32 sampler log-probs (untruncated distribution at T)
+  lengths: np.ndarray  # [N] int32 response lengths
+  truncated: np.ndarray  # [N] bool: finish reason "length"
+  group_ids: np.ndarray  # [N] int32 in [0, G)
+  rewards: np.ndarray  # [N] float32 rewards used for advantages (task + penalties)
+  task_rewards: np.ndarray  # [N] float32 the reward function's values
+  texts: tuple[str, ...]
+
+  @property
+  def num_samples(self) -> int:
+    return len(self.lengths)
+
+  @property
+  def num_groups(self) -> int:
+    return int(self.group_ids.max()) + 1 if self.num_samples else 0
+
+  def response_mask(self) -> np.ndarray:  # [N, L] float32
+    return (np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]).astype(np.float32)
+
+  def select_groups(self, groups: np.ndarray) -> Rollout:
+    """The samples of ``groups`` (in that order), renumbered ``0..len(groups)-1``."""
+    groups = np.asarray(groups, np.int64)
+    rows = np.concatenate([np.flatnonzero(self.group_ids == g) for g in groups]) if len(groups) else (
+        np.zeros((0,), np.int64))
+    new_id = np.empty(max(self.num_groups, 1), np.int32)
+    new_id[groups] = np.arange(len(groups), dtype=np.int32)
+    return Rollout(
+        prompt_ids=tuple(self.prompt_ids[r] for r in rows), tokens=self.tokens[rows], logprobs=self.logprobs[rows],
+        lengths=self.lengths[rows], truncated=self.truncated[rows], group_ids=new_id[self.group_ids[rows]],
+        rewards=self.rewards[rows], task_rewards=self.task_rewards[rows], texts=tuple(self.texts[r] for r in rows))
+
+
+def concat_rollouts(parts: list[Rollout]) -> Rollout:
+  """Rollouts side by side; group ids of later parts are shifted past earlier ones."""
+  if len(parts) == 1:
+    return parts[0]
+  width = max(p.tokens.shape[1] for p in parts)
+  pad = lambda a, fill: np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill)
+  offsets = np.cumsum([0] + [p.num_groups for p in parts[:-1]])
+  return Rollout(
+      prompt_ids=tuple(x for p in parts for x in p.prompt_ids),
+      tokens=np.concatenate([pad(p.tokens, 0) for p in parts]),
+      logprobs=np.concatenate([pad(p.logprobs, 0.0) for p in parts]),
+      lengths=np.concatenate([p.lengths for p in parts]),
+      truncated=np.concatenate([p.truncated for p in parts]),
+      group_ids=np.concatenate([p.group_ids + o for p, o in zip(parts, offsets)]).astype(np.int32),
+      rewards=np.concatenate([p.rewards for p in parts]),
+      task_rewards=np.concatenate([p.task_rewards for p in parts]),
+      texts=tuple(t for p in parts for t in p.texts))
+
+
+def informative_groups(rewards: np.ndarray, group_ids: np.ndarray, num_groups: int) -> np.ndarray:
+  """``[G]`` bool: groups whose rewards are not all equal (DAPO dynamic sampling keeps these).
+
+  A group with one member, or with ``max == min`` reward, gives every member a zero group-baselined
+  advantage and no gradient; DAPO's filter ``0 < |{correct}| < G`` is this test for 0/1 rewards.
+  """
+  r = np.asarray(rewards, np.float64)
+  g = np.asarray(group_ids, np.int64)
+  hi = np.full(num_groups, -np.inf)
+  lo = np.full(num_groups, np.inf)
+  np.maximum.at(hi, g, r)
+  np.minimum.at(lo, g, r)
+  return hi > lo
+
+
+def loss_mask(rollout: Rollout, *, overlong_filter: bool) -> np.ndarray:  # [N, L] float32
+  """The response mask, with truncated responses removed when ``overlong_filter`` is on."""
+  mask = rollout.response_mask()
+  if overlong_filter:
+    mask = np.asarray(losses.overlong_filter_mask(mask, rollout.truncated))
+  return mask
+
+
+def compute_advantages(rollout: Rollout, *, name: str, options: dict[str, Any]) -> tuple[np.ndarray, dict[str, float]]:
+  """``ADVANTAGES[name]`` over the whole step batch; ``[N, L]`` token advantages and metrics.
+
+  Every response takes part in the statistics (the mask passed is the full response mask): an
+  overlong-filtered response still counts in its group's baseline while its loss tokens are masked
+  (GRPO+). ``num_groups`` is passed to estimators that take it.
+  """
+  fn = losses.ADVANTAGES[name]
+  kwargs = dict(options)
+  params = inspect.signature(fn).parameters
+  if "num_groups" in params and "num_groups" not in kwargs:
+    kwargs["num_groups"] = max(rollout.num_groups, 1)
+  adv, metrics = fn(rewards=jnp.asarray(rollout.rewards), group_ids=jnp.asarray(rollout.group_ids),
+                    response_mask=jnp.asarray(rollout.response_mask()), **kwargs)
+  return np.asarray(adv, np.float32), {f"advantage/{k}": float(v) for k, v in metrics.items()}
+
+
+def sequence_fields(rollout: Rollout, advantages: np.ndarray, mask: np.ndarray) -> list[dict[str, np.ndarray]]:
+  """Per sample: next-token training arrays over ``prompt + response[:-1]`` (length ``P + L - 1``).
+
+  ``tokens[t]`` predicts ``targets[t] = seq[t+1]``; response token ``k`` is the target at
+  ``t = P - 1 + k``, where ``loss_mask``, ``advantages`` and ``sampler_logprobs`` are placed.
+  """
+  out = []
+  for i in range(rollout.num_samples):
+    p = rollout.prompt_ids[i]
+    n = int(rollout.lengths[i])
+    seq = np.concatenate([p, rollout.tokens[i, :n]]).astype(np.int32)
+    length = len(seq) - 1
+    start = len(p) - 1
+
+    def place(values, dtype):
+      x = np.zeros((length,), dtype)
+      x[start:start + n] = values[:n]
+      return x
+
+    out.append({
+        "tokens": seq[:-1], "targets": seq[1:],
+        "loss_mask": place(mask[i], np.float32), "advantages": place(advantages[i], np.float32),
+        "sampler_logprobs": place(rollout.logprobs[i], np.float32),
+        "group_ids": np.full((length,), rollout.group_ids[i], np.int32),
+    })
+  return out

@@ -1,0 +1,404 @@
+"""The synchronous RL loop: sample → reward → advantage → token-budget micro-batches → updates.
+
+One step (DESIGN.md, "One RL step, as data"):
+
+1. ``prompts_per_step`` prompts from a seeded shuffled stream; ``Sampler.generate`` draws ``n``
+   completions each, on the trainer's mesh with the trainer's current parameter arrays (the sampler
+   is handed ``nnx.merge(graphdef, state.params)``: no copy).
+2. The reward function scores them in a thread/process pool (``RewardRunner``); the DAPO overlong
+   penalty is added; with dynamic sampling, groups whose rewards are all equal are dropped and more
+   prompts are generated (up to ``max_rounds``) until the batch is full.
+3. ``ADVANTAGES[name]`` over the whole batch; overlong filtering masks truncated responses.
+4. The groups are split into ``mini_batches``; each is packed into micro-batches under a token
+   budget (AReaL Algorithm 1); π_old comes from the sampler or a trainer forward pass (and π_ref from
+   the frozen initial model when β > 0).
+5. ``ppo_epochs`` × mini-batches of ``make_train_step`` updates with ``OBJECTIVES[name]``; the
+   aggregation normaliser is computed once per mini-batch, so the packing does not change the result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl import config as config_lib
+from jaxrl import data as data_lib
+from jaxrl import losses, models, sampling, sharding, train
+from jaxrl.rewards import RewardRunner
+from jaxrl.rl._config import RLConfig
+from jaxrl.rl._loss import MICRO_VECTOR_PREFIX, make_logprob_fn, make_loss_fn, make_prepare
+from jaxrl.rl._packing import PackedBatch, pack_sequences
+from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields
+from jaxrl.rl._rollout import (
+    Rollout,
+    compute_advantages,
+    concat_rollouts,
+    informative_groups,
+    loss_mask,
+    sequence_fields,
+)
+
+_NOT_WEIGHTED = frozenset({"loss", "grad_norm", "lr", "skipped", "weight_sum", "loss_tokens", "logprob_diff_sum"})
+"""Update metrics that are not Σ w·m weighted sums (the rest are divided by ``weight_sum``)."""
+
+
+def _tokenizer_dir(cfg: RLConfig) -> str:
+  if cfg.tokenizer:
+    return cfg.tokenizer
+  if cfg.model.hf_dir:
+    return cfg.model.hf_dir
+  return str(data_lib.tiny_tokenizer_dir())
+
+
+class RLTrainer:
+  """Builds model, optimizer, sampler, prompts and rewards once; :meth:`run` trains.
+
+  Attributes after :meth:`run`: ``history`` (per-step metrics dicts) and ``update_history`` (per
+  update: ratio min/max, log-prob difference, loss...).
+  """
+
+  def __init__(self, cfg: RLConfig):
+    self.cfg = cfg
+    self.out_dir = Path(cfg.out_dir)
+    self.out_dir.mkdir(parents=True, exist_ok=True)
+    (self.out_dir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
+    self.mesh = cfg.mesh.build()
+    self.rules = cfg.mesh.logical_rules()
+    self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
+    model = cfg.model.build(mesh=self.mesh, rules=self.rules)
+    models.check_tokenizer(self.tokenizer, model.cfg)
+    self.graphdef, params = nnx.split(model)
+    algo = cfg.algorithm
+    self.ref_params = jax.tree.map(jnp.copy, params) if algo.kl_coef > 0 else None
+    total_updates = cfg.steps * cfg.updates_per_step
+    self.optimizer = train.make_optimizer(cfg.optim, total_updates)
+    self.schedule = train.make_schedule(cfg.optim, total_updates)
+    self.state = train.init_train_state(params, self.optimizer)
+    self.train_prompts, self.heldout_prompts = load_prompt_sets(cfg.data, self.tokenizer)
+    self.stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
+    self.rewards = RewardRunner(cfg.reward.fn, config=cfg.reward.runner, reward_kwargs=cfg.reward.kwargs)
+    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    self.data_parallel = math.prod(self.mesh.shape[a] for a in self.rules.mesh_axes("batch"))
+    self.row_len = cfg.row_len
+    self.rows = cfg.micro_batch.token_budget // self.row_len
+    if self.rows % self.data_parallel:
+      raise ValueError(
+          f"micro_batch: token_budget={cfg.micro_batch.token_budget} // row_len={self.row_len} = {self.rows} rows "
+          f"per micro-batch; it must be a multiple of the {self.data_parallel} data-parallel devices")
+    self.logprob_fn = make_logprob_fn(self.graphdef, temperature=cfg.rollout.temperature,
+                                      chunk_size=algo.logprob_chunk_size)
+    self._steps: dict[tuple[int, int], Any] = {}
+    self.sampler: sampling.Sampler | None = None
+    self._stage = 0
+    self.history: list[dict[str, float]] = []
+    self.update_history: list[dict[str, float]] = []
+    self.last_rollout: Rollout | None = None
+    self.checkpointer = None
+    if cfg.checkpoint.every or cfg.rollout.context_schedule:
+      self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every or 10**9,
+                                             keep=cfg.checkpoint.keep)
+
+  # ------------------------------------------------------------------------------------------------
+  # Sampling
+
+  def _eval_max_new(self, step: int) -> int:
+    return self.cfg.eval.max_new_tokens or self.cfg.rollout.stage(step)[1]
+
+  def _sampler_for(self, step: int) -> sampling.Sampler:
+    """The sampler for ``step``'s stage, holding the current parameters (rebuilt when max_len grows)."""
+    max_len = self.cfg.data.max_prompt_tokens + max(self.cfg.rollout.stage(step)[1], self._eval_max_new(step))
+    model = nnx.merge(self.graphdef, self.state.params)
+    version = int(self.state.step)
+    if self.sampler is None or self.sampler.max_len != max_len:
+      self.sampler = sampling.Sampler(model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len,
+                                      decode_impl=self.cfg.rollout.decode_impl, version=version)
+    else:
+      self.sampler.set_weights(model, version=version)
+    return self.sampler
+
+  def _score(self, prompts: EncodedPrompts, idx: list[int], n: int, out: sampling.SampleOutput):
+    rows = [i for i in idx for _ in range(n)]
+    fields = [reward_fields(prompts.records[i]) for i in rows]
+    keys = sorted({k for f in fields for k in f})
+    columns = {k: [f.get(k) for f in fields] for k in keys}
+    return self.rewards.score([prompts.texts[i] for i in rows], out.texts, **columns)
+
+  def _generate(self, sampler, idx: list[int], request_ids: list[int], *, max_new: int, n: int) -> tuple[Rollout, dict]:
+    r = self.cfg.rollout
+    t0 = time.perf_counter()
+    out = sampler.generate([self.train_prompts.ids[i].tolist() for i in idx], n=n, max_new_tokens=max_new,
+                           temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
+                           request_ids=request_ids, stop_strings=r.stop_strings)
+    t1 = time.perf_counter()
+    scored = self._score(self.train_prompts, idx, n, out)
+    t2 = time.perf_counter()
+    task = scored.rewards.astype(np.float32)
+    rewards = task
+    if r.overlong_penalty is not None:
+      pen = r.overlong_penalty
+      rewards = task + np.asarray(losses.dapo_overlong_penalty(
+          out.lengths, max_len=pen.max_len or max_new, cache_len=pen.cache_len), np.float32)
+    rollout = Rollout(
+        prompt_ids=tuple(self.train_prompts.ids[i] for i in idx for _ in range(n)), tokens=out.tokens,
+        logprobs=out.logprobs, lengths=out.lengths.astype(np.int32),
+        truncated=np.asarray([f == "length" for f in out.finish_reason]),
+        group_ids=np.repeat(np.arange(len(idx), dtype=np.int32), n), rewards=rewards.astype(np.float32),
+        task_rewards=task, texts=tuple(out.texts))
+    info = {"time_generate": t1 - t0, "time_reward": t2 - t1, "reward_errors": float(len(scored.errors))}
+    return rollout, info
+
+  def collect(self, step: int) -> tuple[Rollout | None, dict[str, float]]:
+    """The step's training batch (after dynamic sampling) and rollout metrics over every sample drawn."""
+    r = self.cfg.rollout
+    _, max_new, n = r.stage(step)
+    sampler = self._sampler_for(step)
+    want = r.prompts_per_step
+    kept: list[Rollout] = []
+    drawn: list[Rollout] = []
+    n_kept = 0
+    times = {"time_generate": 0.0, "time_reward": 0.0, "reward_errors": 0.0}
+    while True:
+      idx, request_ids = self.stream.take(want)
+      part, info = self._generate(sampler, idx, request_ids, max_new=max_new, n=n)
+      for k in times:
+        times[k] += info[k]
+      drawn.append(part)
+      if not r.dynamic_sampling:
+        kept, n_kept = [part], part.num_groups
+        break
+      good = np.flatnonzero(informative_groups(part.rewards, part.group_ids, part.num_groups))[:want - n_kept]
+      if len(good):
+        kept.append(part.select_groups(good))
+        n_kept += len(good)
+      if n_kept >= want or len(drawn) >= r.max_rounds:
+        break
+    everything = concat_rollouts(drawn)
+    metrics = self._rollout_metrics(everything)
+    metrics.update(times)
+    gen_tokens = float(everything.lengths.sum())
+    metrics["tok_s/rollout"] = gen_tokens / max(times["time_generate"], 1e-9)
+    if r.dynamic_sampling:
+      metrics["dynamic/groups_kept"] = float(n_kept)
+      metrics["dynamic/rounds"] = float(len(drawn))
+      metrics["dynamic/groups_generated"] = float(everything.num_groups)
+    return (concat_rollouts(kept) if n_kept else None), metrics
+
+  def _rollout_metrics(self, ro: Rollout) -> dict[str, float]:
+    thr = self.cfg.reward.correct_threshold
+    m = {
+        "reward/mean": float(ro.rewards.mean()), "reward/std": float(ro.rewards.std()),
+        "accuracy": float((ro.task_rewards > thr).mean()),
+        "response/length_mean": float(ro.lengths.mean()), "response/length_max": float(ro.lengths.max()),
+        "response/truncated_frac": float(ro.truncated.mean()),
+    }
+    if self.cfg.rollout.overlong_penalty is not None:
+      m["reward/task_mean"] = float(ro.task_rewards.mean())
+    return m
+
+  # ------------------------------------------------------------------------------------------------
+  # Updates
+
+  def _step_fn(self, num_micro: int, max_len: int):
+    key = (num_micro, max_len)
+    if key not in self._steps:
+      cfg = self.cfg
+      self._steps[key] = train.make_train_step(
+          make_loss_fn(self.graphdef, cfg.algorithm, temperature=cfg.rollout.temperature, num_micro=num_micro),
+          self.optimizer, micro_batches=num_micro, mesh=self.mesh, schedule=self.schedule,
+          prepare=make_prepare(cfg.algorithm, num_groups=cfg.rollout.prompts_per_step, max_len=max_len))
+    return self._steps[key]
+
+  def _device(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return {k: sharding.global_batch(v, self.batch_sharding) for k, v in arrays.items()}
+
+  def _forward(self, params, packed: PackedBatch) -> np.ndarray:  # [M, R, T]
+    out = np.zeros(packed.shape, np.float32)
+    for m in range(packed.num_micro):
+      mb = packed.micro_batch(m)
+      keys = ("tokens", "targets", "positions", "segment_ids")
+      out[m] = np.asarray(self.logprob_fn(params, self._device({k: mb[k] for k in keys})))
+    return out * packed.arrays["loss_mask"]
+
+  def pack(self, rollout: Rollout, step: int) -> tuple[list[PackedBatch], dict[str, float]]:
+    """Advantages, masks and the packed mini-batches of one step."""
+    cfg, algo = self.cfg, self.cfg.algorithm
+    mask = loss_mask(rollout, overlong_filter=cfg.rollout.overlong_filter)
+    adv, metrics = compute_advantages(rollout, name=algo.advantage, options=algo.advantage_kwargs)
+    seqs = sequence_fields(rollout, adv, mask)
+    order = np.random.default_rng([cfg.seed, step]).permutation(rollout.num_groups)
+    packed = []
+    for chunk in np.array_split(order, algo.mini_batches):
+      if not len(chunk):
+        continue
+      rows = np.concatenate([np.flatnonzero(rollout.group_ids == g) for g in chunk])
+      pb = pack_sequences([seqs[i] for i in rows], row_len=self.row_len, rows=self.rows,
+                          bucket=cfg.micro_batch.bucket)
+      pb.arrays["mb_index"] = pb.arrays["mb_index"][..., None]
+      packed.append(pb)
+    metrics["advantage/abs_mean"] = float(np.abs(adv).sum() / max(mask.sum(), 1.0))
+    metrics["train/micro_batches"] = float(np.mean([p.shape[0] for p in packed]))
+    metrics["train/pack_efficiency"] = float(np.mean([p.efficiency for p in packed]))
+    return packed, metrics
+
+  def update(self, rollout: Rollout, step: int) -> dict[str, float]:
+    """``ppo_epochs`` × mini-batches of updates on ``rollout``; returns the step's train metrics."""
+    cfg, algo = self.cfg, self.cfg.algorithm
+    packed, metrics = self.pack(rollout, step)
+    recompute = algo.old_logprobs == "recompute" and (len(packed) > 1 or algo.ppo_epochs > 1)
+    for pb in packed:
+      pb.arrays["old_logprobs"] = self._forward(self.state.params, pb) if recompute else (
+          pb.arrays["sampler_logprobs"].copy())
+      if self.ref_params is not None:
+        pb.arrays["ref_logprobs"] = self._forward(self.ref_params, pb)
+    max_len = algo.aggregation_max_len or cfg.rollout.stage(step)[1]
+    raw = []
+    for epoch in range(algo.ppo_epochs):
+      for k, pb in enumerate(packed):
+        current_as_old = epoch == 0 and k == 0 and algo.old_logprobs == "recompute"
+        step_fn = self._step_fn(pb.shape[0], max_len)
+        self.state, out = step_fn(self.state, self._device(pb.interleaved()), jnp.asarray(current_as_old))
+        raw.append(out)
+    raw = jax.device_get(raw)
+    updates = [_update_metrics(u) for u in raw]
+    self.update_history.extend(dict(u, step=float(step)) for u in updates)
+    metrics.update(_step_metrics(updates))
+    metrics["train/tokens"] = float(sum(p.tokens for p in packed) * algo.ppo_epochs)
+    return metrics
+
+  # ------------------------------------------------------------------------------------------------
+  # Evaluation, checkpoints, loop
+
+  def evaluate(self, step: int) -> dict[str, float]:
+    """Greedy completions of the first ``eval.prompts`` held-out prompts, scored by the reward."""
+    if self.heldout_prompts is None or not self.cfg.eval.prompts:
+      return {}
+    k = min(self.cfg.eval.prompts, len(self.heldout_prompts))
+    idx = list(range(k))
+    sampler = self._sampler_for(step)
+    out = sampler.generate([self.heldout_prompts.ids[i].tolist() for i in idx], n=1,
+                           max_new_tokens=self._eval_max_new(step), temperature=0.0, seed=0,
+                           stop_strings=self.cfg.rollout.stop_strings)
+    scored = self._score(self.heldout_prompts, idx, 1, out)
+    return {"eval/accuracy": float((scored.rewards > self.cfg.reward.correct_threshold).mean()),
+            "eval/reward_mean": float(scored.rewards.mean()),
+            "eval/length_mean": float(out.lengths.mean())}
+
+  def _save(self, step: int, *, force: bool = False) -> None:
+    if self.checkpointer is not None:
+      self.checkpointer.save(step, self.state, {"prompts": self.stream.get_state(), "step": step}, force=force)
+
+  def _restore(self, step: int | None = None) -> int:
+    got, self.state, host = self.checkpointer.restore(self.state, step)
+    self.stream.set_state(host["prompts"])
+    return got
+
+  def _begin_stage(self, step: int, logger: train.MetricsLogger) -> None:
+    """Iterative context lengthening: the new stage restarts from the checkpoint of ``step - 1``."""
+    if self.checkpointer.latest_step() != step - 1:
+      self._save(step - 1, force=True)
+    self.checkpointer.wait()
+    self._restore(step - 1)
+    idx, max_new, n = self.cfg.rollout.stage(step)
+    self._stage = idx
+    logger.note(f"stage {idx}: step {step}, max_new_tokens={max_new}, n={n} (from checkpoint {step - 1})")
+
+  def run(self, *, until: int | None = None) -> dict[str, Any]:
+    """Trains to ``cfg.steps`` (or stops after step ``until``, as a pre-emption would)."""
+    cfg = self.cfg
+    start_step = 0
+    if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
+      start_step = self._restore()
+    self._stage = cfg.rollout.stage(max(start_step, 1))[0]
+    logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="rl",
+                                 show=("reward/mean", "accuracy", "eval/accuracy", "response/length_mean"),
+                                 tensorboard=cfg.tensorboard)
+    results: dict[str, Any] = {"start_step": start_step}
+    eval_every = cfg.eval.every
+    if start_step == 0 and eval_every:
+      results["eval_before"] = self.evaluate(1)
+      logger.log(0, results["eval_before"])
+    last = cfg.steps if until is None else min(until, cfg.steps)
+    for step in range(start_step + 1, last + 1):
+      if cfg.rollout.stage(step)[0] != self._stage:
+        self._begin_stage(step, logger)
+      t0 = time.perf_counter()
+      rollout, metrics = self.collect(step)
+      self.last_rollout = rollout
+      if rollout is None:
+        logger.note(f"step {step}: no informative group after {metrics.get('dynamic/rounds', 1):.0f} rounds; "
+                    "no update")
+      else:
+        t1 = time.perf_counter()
+        metrics.update(self.update(rollout, step))
+        metrics["time_train"] = time.perf_counter() - t1
+        metrics["tok_s/train"] = metrics["train/tokens"] / max(metrics["time_train"], 1e-9)
+      metrics["time_step"] = time.perf_counter() - t0
+      if eval_every and (step % eval_every == 0 or step == cfg.steps):
+        ev = self.evaluate(step)
+        metrics.update(ev)
+        if ev:
+          results["eval_after"] = ev
+      self.history.append(dict(metrics, step=float(step)))
+      logger.log(step, metrics)
+      self._save(step, force=step == last)
+    if self.checkpointer is not None:
+      self.checkpointer.close()
+    plot = logger.close(title="rl")
+    results.update(steps=last, plot=str(plot) if plot else None, skipped=int(self.state.skipped),
+                   rewards=[h["reward/mean"] for h in self.history],
+                   accuracy=[h["accuracy"] for h in self.history])
+    if last == cfg.steps and cfg.export_hf:
+      model = nnx.merge(self.graphdef, self.state.params)
+      models.save_pretrained(model, self.out_dir / "hf", tokenizer=self.tokenizer)
+      results["hf_dir"] = str(self.out_dir / "hf")
+    (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+  def close(self) -> None:
+    self.rewards.close()
+
+
+def _update_metrics(out: dict[str, Any]) -> dict[str, float]:
+  """One update's host metrics: weighted sums renormalised, per-micro-batch vectors reduced."""
+  tokens = np.asarray(out[MICRO_VECTOR_PREFIX + "tokens"])
+  real = tokens > 0
+  ws = float(out["weight_sum"])
+  m: dict[str, float] = {}
+  for k, v in out.items():
+    if k.startswith(MICRO_VECTOR_PREFIX) or k in ("weight_sum", "loss_tokens", "logprob_diff_sum"):
+      continue
+    v = float(np.asarray(v))
+    m[k] = v if k in _NOT_WEIGHTED else (v / ws if ws > 0 else 0.0)
+  vec = lambda name: np.asarray(out[MICRO_VECTOR_PREFIX + name])[real]
+  has = bool(real.any())
+  m["ratio_min"] = float(vec("ratio_min").min()) if has else 1.0
+  m["ratio_max"] = float(vec("ratio_max").max()) if has else 1.0
+  m["logprob_diff/max_abs"] = float(vec("logprob_diff_max").max()) if has else 0.0
+  m["logprob_diff/mean_abs"] = float(out["logprob_diff_sum"]) / max(float(out["loss_tokens"]), 1.0)
+  return m
+
+
+def _step_metrics(updates: list[dict[str, float]]) -> dict[str, float]:
+  """Means over the step's updates; min/max for ratio bounds; the first update's log-prob gap."""
+  out: dict[str, float] = {}
+  keys = [k for k in updates[0] if k not in ("ratio_min", "ratio_max", "lr", "skipped")
+          and not k.startswith("logprob_diff/")]
+  for k in keys:
+    out[k] = float(np.mean([u[k] for u in updates]))
+  out["ratio_min"] = min(u["ratio_min"] for u in updates)
+  out["ratio_max"] = max(u["ratio_max"] for u in updates)
+  out["ratio_first_min"] = updates[0]["ratio_min"]
+  out["ratio_first_max"] = updates[0]["ratio_max"]
+  out["logprob_diff/max_abs"] = updates[0]["logprob_diff/max_abs"]
+  out["logprob_diff/mean_abs"] = updates[0]["logprob_diff/mean_abs"]
+  out["lr"] = updates[-1]["lr"]
+  out["skipped"] = float(sum(u["skipped"] for u in updates))
+  return out
