@@ -29,6 +29,7 @@ def arg(*args, **kwargs):
 def _config_args(fn):
   fn = arg("overrides", nargs="*", help="config overrides key.sub=value")(fn)
   return arg("--config", help="YAML config file")(fn)
+# Decorators apply bottom-up and each prepends, so arguments are added in top-to-bottom order.
 
 
 @command("info", "backend, devices, processes, and the mesh and model a config would build")
@@ -49,6 +50,27 @@ def cmd_sft(ns: argparse.Namespace) -> int:
   return 0
 
 
+@command("rl", "RL (GRPO/DAPO/GRPO+/decoupled PPO) from a YAML recipe")
+@arg("rest", nargs=argparse.REMAINDER, help="--config FILE [key=value ...]")
+def cmd_rl(ns: argparse.Namespace) -> int:
+  from jaxrl.rl._cli import main_rl
+  return main_rl(ns.rest)
+
+
+@command("sample", "generate completions from an HF directory with the KV-cache sampler")
+@arg("rest", nargs=argparse.REMAINDER, help="--model DIR --prompt TEXT [--n N] [--logprobs] ...")
+def cmd_sample(ns: argparse.Namespace) -> int:
+  from jaxrl.sampling._cli import main as sample_main
+  return sample_main(ns.rest)
+
+
+@command("quickstart", "the main job: tiny model SFT warm start, then GRPO, before/after accuracy")
+@arg("rest", nargs=argparse.REMAINDER, help="options of the quickstart (see --help)")
+def cmd_quickstart(ns: argparse.Namespace) -> int:
+  from jaxrl.quickstart import main as quickstart_main
+  return quickstart_main(ns.rest)
+
+
 BENCHES = {
     "attention": "jaxrl.bench.attention",
     "sample": "jaxrl.bench.sample",
@@ -58,8 +80,8 @@ BENCHES = {
 
 
 @command("bench", "benchmarks against a peer in the same run; prints a table and writes JSON")
-@arg("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 @arg("name", choices=sorted(BENCHES), help="which benchmark")
+@arg("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 def cmd_bench(ns: argparse.Namespace) -> int:
   import importlib
   return importlib.import_module(BENCHES[ns.name]).main(ns.rest)
@@ -69,8 +91,8 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 @arg("--dtype", default=None, choices=["float32", "bfloat16"], help="parameter dtype to write")
 @arg("--tokenizer", default=None, help="tokenizer dir to copy alongside (default: the source's, if any)")
 @arg("--preset", default=None, help="instead of SRC, write a randomly initialised model of this preset")
-@arg("dst", help="output HF directory")
 @arg("src", nargs="?", default=None, help="input HF directory")
+@arg("dst", help="output HF directory")
 def cmd_convert(ns: argparse.Namespace) -> int:
   from jaxrl.models import convert
   print(convert(ns.src, ns.dst, dtype=ns.dtype, tokenizer=ns.tokenizer, preset=ns.preset))

@@ -116,7 +116,8 @@ def decode_step(
     k_l = _write(k_l, k[:, 0], pos)  # [B, S, K, H]
     v_l = _write(v_l, v[:, 0], pos)
     out = attend(q[:, 0], k_l.astype(dt), v_l.astype(dt), lengths)  # [B, N, H]
-    x = x + jnp.einsum("bnh,nhd->bd", out, attn.o_proj[...].astype(dt))[:, None]
+    n, h, d = attn.o_proj.shape  # contract over (n, h) as one flat axis: no per-step transposed copy
+    x = x + (out.reshape(-1, n * h) @ attn.o_proj[...].astype(dt).reshape(n * h, d))[:, None]
     x = x + block.mlp(block.mlp_norm(x))
     return x, k_l, v_l
 
@@ -135,7 +136,10 @@ def decode_step(
       vs.append(v_l)
     new_k, new_v = jnp.stack(ks), jnp.stack(vs)
   h = model.final_norm(x)
-  logits = jnp.einsum("btd,dv->btv", h, model.unembed_matrix().astype(dt), preferred_element_type=jnp.float32)
+  if model.lm_head is None:  # tied: contract with the embedding directly (no per-step transposed copy)
+    logits = jnp.einsum("btd,vd->btv", h, model.embed[...].astype(dt), preferred_element_type=jnp.float32)
+  else:
+    logits = jnp.einsum("btd,dv->btv", h, model.lm_head[...].astype(dt), preferred_element_type=jnp.float32)
   seg = _write(cache.segment_ids, jnp.ones_like(pos), pos)
   kv_pos = _write(cache.positions, pos, pos)
   return logits[:, 0], models.KVCache(k=new_k, v=new_v, segment_ids=seg, positions=kv_pos)

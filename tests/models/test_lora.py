@@ -227,14 +227,14 @@ def test_adapters_are_sharded_like_their_base_and_grads_equal_single_device():
   mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
   sharded = models.apply_lora(models.init_model(TEST_CFG, mesh=mesh), LoraConfig(rank=4))
   attn, mlp = sharded.layers.attn, sharded.layers.mlp
-  specs = {
-      attn.q_proj_lora_a: P(None, "fsdp", None), attn.q_proj_lora_b: P(None, None, "tensor", None),
-      attn.k_proj_lora_b: P(None, None, "tensor", None), attn.o_proj_lora_a: P(None, "tensor", None, None),
-      attn.o_proj_lora_b: P(None, None, "fsdp"), mlp.gate_proj_lora_a: P(None, "fsdp", None),
-      mlp.up_proj_lora_b: P(None, None, "tensor"), mlp.down_proj_lora_a: P(None, "tensor", None),
-      mlp.down_proj_lora_b: P(None, None, "fsdp"),
-  }
-  for var, spec in specs.items():
+  specs = [
+      (attn.q_proj_lora_a, P(None, "fsdp", None)), (attn.q_proj_lora_b, P(None, None, "tensor", None)),
+      (attn.k_proj_lora_b, P(None, None, "tensor", None)), (attn.o_proj_lora_a, P(None, "tensor", None, None)),
+      (attn.o_proj_lora_b, P(None, None, "fsdp")), (mlp.gate_proj_lora_a, P(None, "fsdp", None)),
+      (mlp.up_proj_lora_b, P(None, None, "tensor")), (mlp.down_proj_lora_a, P(None, "tensor", None)),
+      (mlp.down_proj_lora_b, P(None, None, "fsdp")),
+  ]
+  for var, spec in specs:
     assert var.get_value().sharding.spec == spec, var.get_metadata()["out_sharding"]
     assert var.get_value().sharding.mesh is mesh
   assert attn.o_proj_lora_b.get_metadata()["out_sharding"] == ("layers", "lora_rank", "embed")
@@ -364,12 +364,13 @@ def test_param_counts_by_hand_and_the_notes_table():
   model = models.apply_lora(models.init_model(TEST_CFG), LoraConfig(rank=4))
   assert sum(v.size for v in jax.tree.leaves(models.lora_state(model))) == counts["total"]
   q8 = ModelConfig.qwen3_8b()
-  table = {label: models.lora_param_counts(q8, targets=t, rank=r)["total"] / 1e9
+  table = {label: models.lora_param_counts(q8, targets=t, rank=r)["total"]
            for label, t, r in (("mlp256", "mlp", 256), ("attn256", "attn", 256), ("all256", "all", 256),
                                ("mlp128", "mlp", 128))}
-  assert round(table["attn256"], 2) == 0.25 and round(table["all256"], 2) == 0.70
-  assert table["mlp128"] == table["mlp256"] / 2 and table["all256"] == table["mlp256"] + table["attn256"]
-  assert round(table["attn256"] / table["mlp128"], 2) == 1.09  # "about the same" parameters (note line 331)
+  # The note's table (lines 347-352): attn 0.25B and all 0.70B at rank 256 match Qwen3-8B's shapes.
+  assert round(table["attn256"] / 1e9, 2) == 0.25 and round(table["all256"] / 1e9, 2) == 0.70
+  assert 2 * table["mlp128"] == table["mlp256"] and table["all256"] == table["mlp256"] + table["attn256"]
+  assert round(table["attn256"] / table["mlp128"], 2) == 1.08  # "about the same" parameters (line 331)
 
 
 def test_flops_follow_the_notes_2n2_plus_6nr_vs_3n2():

@@ -72,23 +72,24 @@ def setup():
   return mesh, graphdef, params, seqs, groups
 
 
+_RUNS = {}
+
+
 def _grads(setup, *, mode, row_len, rows, bucket):
+  """Loss and gradient of the packed batch; the normaliser comes from ``prepare`` on the whole batch."""
   mesh, graphdef, params, seqs, groups = setup
-  algo = rl.AlgorithmConfig(aggregation=mode, objective="clip_higher")
   pb = rl.pack_sequences(seqs, row_len=row_len, rows=rows, bucket=bucket)
   arrays = dict(pb.arrays, mb_index=pb.arrays["mb_index"][..., None], old_logprobs=pb.arrays["sampler_logprobs"])
   m = pb.shape[0]
-  loss_fn = rl.make_loss_fn(graphdef, algo, temperature=1.0, num_micro=m)
-  prepare = rl.make_prepare(algo, num_groups=groups, max_len=12)
   bs = sharding.batch_sharding(mesh)
   flat = {k: jax.device_put(v, bs) for k, v in rl.PackedBatch(arrays, pb.num_micro, pb.tokens, []).interleaved().items()}
-
-  @jax.jit
-  def run(params, batch):
-    return train.accumulate_gradients(loss_fn, params, prepare(batch), jnp.asarray(False), micro_batches=m,
-                                      mesh=mesh)
-
-  loss, grads, _ = run(params, flat)
+  batch = rl.make_prepare(rl.AlgorithmConfig(aggregation=mode), num_groups=groups, max_len=12)(flat)
+  key = (m, row_len)
+  if key not in _RUNS:  # one compilation per layout, shared by the aggregation modes
+    loss_fn = rl.make_loss_fn(graphdef, rl.AlgorithmConfig(objective="clip_higher"), temperature=1.0, num_micro=m)
+    _RUNS[key] = jax.jit(lambda p, b: train.accumulate_gradients(loss_fn, p, b, jnp.asarray(False),
+                                                                  micro_batches=m, mesh=mesh))
+  loss, grads, _ = _RUNS[key](params, batch)
   return pb.num_micro, float(loss), jax.tree.leaves(grads)
 
 

@@ -1,0 +1,133 @@
+"""The RL loop end to end on a tiny model (8 fake devices): ratios, logged log-prob gaps, dynamic
+sampling, overlong filtering, learning, iterative context lengthening and resume."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from rl_testlib import make_config
+
+from jaxrl import rl
+
+
+def _run(cfg, **kw):
+  trainer = rl.RLTrainer(cfg)
+  seen = []
+  update = trainer.update
+  trainer.update = lambda ro, step: (seen.append((step, ro)), update(ro, step))[1]
+  try:
+    out = trainer.run(**kw)
+  finally:
+    trainer.close()
+  return trainer, out, seen
+
+
+@pytest.fixture(scope="module")
+def recompute_run(tmp_path_factory):
+  """π_old recomputed, two mini-batches × two epochs, KL to the reference, DAPO dynamic sampling with a
+  sparse 0/1 reward, and overlong filtering (stop strings end some responses early)."""
+  cfg = make_config(
+      tmp_path_factory.mktemp("recompute"), **{
+          "reward.fn": "rl_testlib:starts_with_digit", "rollout.dynamic_sampling": True, "rollout.max_rounds": 4,
+          "rollout.overlong_filter": True, "rollout.stop_strings": ["5", "7"], "algorithm.old_logprobs": "recompute",
+          "algorithm.ppo_epochs": 2, "algorithm.kl_coef": 0.01, "steps": 2})
+  return _run(cfg)
+
+
+def test_recomputed_old_logprobs_give_ratio_exactly_one_on_the_first_mini_batch(recompute_run):
+  trainer, _, seen = recompute_run
+  assert len(seen) == 2, "every step must have kept at least one group"
+  for h in trainer.history:
+    assert h["ratio_first_min"] == 1.0 and h["ratio_first_max"] == 1.0, h
+  later = [u for u in trainer.update_history if u["ratio_min"] != 1.0 or u["ratio_max"] != 1.0]
+  assert later, "updates after the first one move the policy away from π_old"
+
+
+def test_recompute_vs_sampler_gap_is_logged_every_step(recompute_run, tmp_path):
+  trainer, _, _ = recompute_run
+  for h in trainer.history:
+    assert 0.0 < h["logprob_diff/max_abs"] < 1e-4 and 0.0 <= h["logprob_diff/mean_abs"] <= h["logprob_diff/max_abs"]
+    assert h["kl"] >= 0.0
+  logged = (trainer.out_dir / "metrics.jsonl").read_text()
+  assert logged.count("logprob_diff/max_abs") == len(trainer.history)
+
+
+def test_dynamic_sampling_never_emits_a_zero_variance_group(recompute_run):
+  trainer, _, seen = recompute_run
+  for (step, ro), h in zip(seen, trainer.history):
+    assert ro.num_groups == h["dynamic/groups_kept"] <= 4
+    assert h["dynamic/rounds"] == 4 or ro.num_groups == 4  # refilled until full or out of rounds
+    assert rl.informative_groups(ro.rewards, ro.group_ids, ro.num_groups).all()
+    adv, _ = rl.compute_advantages(ro, name="grpo", options={})
+    for g in range(ro.num_groups):
+      assert ro.rewards[ro.group_ids == g].std() > 0 and adv[ro.group_ids == g, 0].std() > 0
+
+
+def test_overlong_filtering_masks_exactly_the_truncated_responses(recompute_run):
+  trainer, _, seen = recompute_run
+  some = False
+  for step, ro in seen:
+    assert ro.truncated.any() and not ro.truncated.all(), "want a mix of truncated and finished responses"
+    assert (ro.lengths[ro.truncated] == 16).all()  # truncated = finish reason "length"
+    packed, _ = trainer.pack(ro, step)
+    kept_tokens = sum(float(p.arrays["loss_mask"].sum()) for p in packed)
+    assert kept_tokens == ro.lengths[~ro.truncated].sum()
+    mask = rl.loss_mask(ro, overlong_filter=True)
+    np.testing.assert_array_equal(mask.sum(1) == 0, ro.truncated)
+    some = True
+  assert some
+
+
+@pytest.fixture(scope="module")
+def learning_run(tmp_path_factory):
+  """π_old from the sampler; a dense reward a random policy can learn within a few steps."""
+  cfg = make_config(
+      tmp_path_factory.mktemp("learn"), **{
+          "algorithm.old_logprobs": "sampler", "algorithm.mini_batches": 1, "optim.lr": 1e-2,
+          "optim.schedule": "constant", "steps": 10, "eval.every": 10, "eval.prompts": 8})
+  trainer = rl.RLTrainer(cfg)
+  before = jax.tree.map(np.asarray, nnx.to_pure_dict(trainer.state.params))
+  try:
+    out = trainer.run()
+  finally:
+    trainer.close()
+  return trainer, out, before
+
+
+def test_sampler_logprobs_give_ratio_within_1e4_of_one(learning_run):
+  trainer, _, _ = learning_run
+  for h in trainer.history:
+    assert abs(h["ratio_first_min"] - 1.0) < 1e-4 and abs(h["ratio_first_max"] - 1.0) < 1e-4, h
+    assert h["logprob_diff/max_abs"] < 1e-4
+
+
+def test_grpo_raises_the_mean_reward(learning_run):
+  _, out, _ = learning_run
+  rewards = out["rewards"]
+  assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.1, rewards
+  assert out["eval_after"]["eval/reward_mean"] > out["eval_before"]["eval/reward_mean"]
+
+
+def test_every_parameter_changed_and_the_plot_is_written(learning_run):
+  trainer, out, before = learning_run
+  after = nnx.to_pure_dict(trainer.state.params)
+  for path, old in jax.tree_util.tree_leaves_with_path(before):
+    new = after
+    for k in path:
+      new = new[k.key if hasattr(k, "key") else k.idx]
+    assert not np.array_equal(old, np.asarray(new)), f"parameter {jax.tree_util.keystr(path)} did not change"
+  assert trainer.state.skipped == 0
+  assert (trainer.out_dir / "curves.png").stat().st_size > 0
+
+
+def test_context_lengthening_restarts_each_stage_from_a_checkpoint_and_resumes(tmp_path):
+  over = {"rollout.max_new_tokens": 8, "rollout.context_schedule": [{"start_step": 3, "max_new_tokens": 16}],
+          "rollout.n": 2, "algorithm.mini_batches": 1, "checkpoint": {"every": 1, "keep": 5}, "steps": 3}
+  cfg = make_config(tmp_path, **over)
+  first, out1, _ = _run(cfg, until=2)
+  assert out1["steps"] == 2 and [h["response/length_max"] <= 8 for h in first.history] == [True, True]
+  second, out2, seen = _run(cfg)  # a fresh process resumes from the latest checkpoint
+  assert out2["start_step"] == 2 and [s for s, _ in seen] == [3]
+  assert second.history[0]["response/length_max"] > 8 and second.sampler.max_len == 32 + 16
+  assert second.stream.get_state()["drawn"] == 3 * 4
+  assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [1, 2, 3]
