@@ -23,7 +23,7 @@ The optimizer then holds moments for the adapters only. :func:`base_logits` runs
 adapters switched off, so the frozen base is the KL reference without a second copy of the weights.
 
 Reference: "LoRA Without Regret" (Thinking Machines, 2025), /work/shared/seeds/000_66f2e4027e8fa57d.txt
-lines 205-580 (parametrisation 391-446, LR ratio 448-478, FLOPs 540-562, parameter table 330-352).
+lines 205-580 (parametrisation 392-446, LR ratio 449-478, FLOPs 537-562, parameter table 329-352).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ TARGET_SETS = {"all": LORA_MODULES, "attn": ATTN_MODULES, "mlp": MLP_MODULES}
 
 LORA_LR_MULTIPLIER = 10.0
 """LoRA LR / full-FT LR for long runs: the note measures 9.8 over 14 models (seeds file line 466) and
-rounds to 10 (line 448: "LoRA 的最优学习率始终是 ... FullFT 最优学习率的 10 倍")."""
+rounds to 10 (line 451: "LoRA 的最优学习率始终是 ... FullFT 最优学习率的 10 倍")."""
 SHORT_RUN_LR_MULTIPLIER = 15.0
 """The same ratio for runs under ~100 steps (line 478: "约 100 步以内 ... 约为 FullFT 的 15 倍")."""
 FITTED_LORA_MULTIPLIER = 9.8
@@ -561,7 +561,7 @@ def lora_param_counts(model_cfg: ModelConfig, *, targets: str | Sequence[str] = 
   ``rank·d_in + rank·d_out`` over all weight matrices (seeds file line 373).
 
   Example: ``ModelConfig.qwen3_8b()``, rank 256: attn 0.245B, mlp 0.453B, all 0.698B; mlp at rank 128
-  0.226B — the note's table (lines 347-352: 0.25B, 0.49B, 0.70B, 0.24B) up to its mlp rows.
+  0.226B — the note's table (lines 351-352 and 333-341: 0.25B, 0.49B, 0.70B, 0.24B) up to its mlp rows.
   """
   if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
     raise ValueError(f"rank: must be an int >= 1, got {rank!r}")
@@ -576,7 +576,7 @@ def lora_param_counts(model_cfg: ModelConfig, *, targets: str | Sequence[str] = 
 def lora_flops_per_token(model_cfg: ModelConfig, rank: int, targets: str | Sequence[str] = "all") -> dict[str, float]:
   """Training FLOPs per token of the weight matmuls, LoRA vs full fine-tuning (attention excluded).
 
-  Per weight matrix ``W [d_in, d_out]`` in multiply-adds (the note, lines 540-562, with ``N x N``):
+  Per weight matrix ``W [d_in, d_out]`` in multiply-adds (the note, lines 537-562, with ``N x N``):
   full FT runs ``y = xW``, ``x̄ = ȳWᵀ`` and ``W̄ = xᵀȳ``: ``3·d_in·d_out`` (``3N²``); LoRA keeps the
   first two and trains ``A``, ``B`` at ``3`` MACs per factor element: ``2·d_in·d_out + 3r(d_in + d_out)``
   (``2N² + 6NR``). Matrices LoRA does not adapt, and the output head, cost ``2·d_in·d_out`` under LoRA.
@@ -604,7 +604,7 @@ def lora_flops_per_token(model_cfg: ModelConfig, rank: int, targets: str | Seque
 def lora_lr(full_ft_lr: float, *, short_run: bool = False) -> float:
   """The LoRA learning rate for a known-good full-FT one: ``10x`` (``15x`` for runs under ~100 steps).
 
-  The note (seeds file lines 448-449, 466 and 478): the optimal LoRA LR is ~10x the full-FT optimum
+  The note (seeds file lines 451, 466 and 478): the optimal LoRA LR is ~10x the full-FT optimum
   in SL and RL (fitted 9.8), and ~15x for short runs because B starts at zero.
   """
   if not full_ft_lr > 0:
@@ -651,7 +651,7 @@ def lr_scale_tree(adapters, b_lr_ratio: float) -> Any:
   """Per-leaf LR multipliers for :func:`jaxrl.train.make_optimizer` ``(lr_scale=...)``: 1 for A, ratio for B.
 
   LoRA+ (Hayou et al. 2024) trains B faster; in the note's basis this lengthens A's time scale
-  ``init_A / LR_A`` (seeds file lines 427-436). ``b_lr_ratio = 1`` is PEFT's standard parametrisation.
+  ``init_A / LR_A`` (seeds file lines 433-440). ``b_lr_ratio = 1`` is PEFT's standard parametrisation.
 
   Args:
     adapters: the adapter state (:func:`lora_state` / :func:`split_lora`), or any pytree whose paths

@@ -21,7 +21,7 @@ from jaxrl.rl._config import (
 from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
 from jaxrl.rl._packing import PackedBatch, assign_micro_batches, pack_sequences
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, read_records, reward_fields
-from jaxrl.rl._rewards import arithmetic_reward
+from jaxrl.rl._rewards import arithmetic_reward, weighted_reward
 from jaxrl.rl._rollout import (
     Rollout,
     compute_advantages,
@@ -64,4 +64,5 @@ __all__ = [
     "read_records",
     "reward_fields",
     "sequence_fields",
+    "weighted_reward",
 ]

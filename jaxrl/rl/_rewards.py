@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxrl import data as data_lib
+from jaxrl import rewards as rewards_lib
 from jaxrl.rewards import RewardResult
 
 
@@ -24,3 +25,16 @@ def arithmetic_reward(prompt: str, completion: str, *, answer: str | int, correc
     return RewardResult(value=float(correct), info={"reason": "correct"})
   got = data_lib.extract_answer(completion)
   return RewardResult(value=float(incorrect), info={"reason": "no_answer" if got is None else "wrong_answer"})
+
+
+def weighted_reward(prompt: str, completion: str, *, components: dict[str, Any],
+                    weights: dict[str, float] | None = None, **fields: Any) -> RewardResult:
+  """``Σ_i w_i · r_i``: accuracy plus format rewards as in DeepSeek-R1, configurable from YAML.
+
+  ``components`` maps names to reward import paths or built-in names; missing weights are 1
+  (:func:`jaxrl.rewards.weighted_sum`). Example config::
+
+      reward: {fn: "jaxrl.rl:weighted_reward",
+               kwargs: {components: {accuracy: math, format: format}, weights: {format: 0.5}}}
+  """
+  return rewards_lib.weighted_sum(components, weights)(prompt, completion, **fields)

@@ -81,7 +81,7 @@ class RLTrainer:
     total_updates = cfg.steps * cfg.updates_per_step
     self.optimizer = train.make_optimizer(cfg.optim, total_updates)
     self.schedule = train.make_schedule(cfg.optim, total_updates)
-    self.state = train.init_train_state(params, self.optimizer)
+    self.state = _on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
     self.train_prompts, self.heldout_prompts = load_prompt_sets(cfg.data, self.tokenizer)
     self.stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
     self.rewards = RewardRunner(cfg.reward.fn, config=cfg.reward.runner, reward_kwargs=cfg.reward.kwargs)
@@ -364,6 +364,14 @@ class RLTrainer:
 
   def close(self) -> None:
     self.rewards.close()
+
+
+def _on_mesh(tree, mesh):
+  """Every leaf on ``mesh``: sharded leaves keep their sharding, the rest (step counters, optimizer
+  scalars) are replicated, so a restored checkpoint lands on the same devices as the parameters."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  place = lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else replicated
+  return jax.device_put(tree, jax.tree.map(place, tree))
 
 
 def _update_metrics(out: dict[str, Any]) -> dict[str, float]:

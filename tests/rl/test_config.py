@@ -68,3 +68,8 @@ def test_grpo_tiny_is_the_quickstart_rl_half():
 def test_bad_values_name_the_key(override, message):
   with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
     config_lib.load(rl.RLConfig, CONFIGS / "grpo_tiny.yaml", [override])
+
+
+def test_main_rl_reports_config_errors(capsys):
+  assert rl.main_rl(["--config", str(CONFIGS / "grpo_tiny.yaml"), "rollout.n=0"]) == 2
+  assert "rollout.n must be >= 1, got 0" in capsys.readouterr().err

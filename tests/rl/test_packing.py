@@ -102,3 +102,25 @@ def test_token_budget_micro_batches_give_the_one_batch_gradient(setup, mode):
   for a, b in zip(g_small, g_big):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
   assert max(float(jnp.abs(g).max()) for g in g_big) > 1e-4  # a real gradient, not zeros
+
+
+def test_decoupled_ppo_takes_the_sampler_as_behaviour_and_the_trainer_as_proximal(setup):
+  mesh, graphdef, params, seqs, groups = setup
+  pb = rl.pack_sequences(seqs, row_len=64, rows=8, bucket="exact")
+  bs = sharding.batch_sharding(mesh)
+  arrays = dict(pb.arrays, mb_index=pb.arrays["mb_index"][..., None])
+  mb = {k: jax.device_put(v[0], bs) for k, v in arrays.items()}
+  mb = rl.make_prepare(rl.AlgorithmConfig(), num_groups=groups, max_len=12)(mb)
+  delta = 0.1 * np.asarray(mb["loss_mask"])
+
+  def loss(objective, old):
+    algo = rl.AlgorithmConfig(objective=objective, objective_kwargs={"epsilon_low": 0.2, "epsilon_high": 0.2})
+    fn = jax.jit(rl.make_loss_fn(graphdef, algo, temperature=1.0, num_micro=1))
+    return fn(params, dict(mb, old_logprobs=jax.device_put(old, bs)), jnp.asarray(False))
+
+  same, _ = loss("decoupled_ppo", mb["sampler_logprobs"])
+  clip, _ = loss("clip_higher", mb["sampler_logprobs"])
+  np.testing.assert_allclose(float(same), float(clip), rtol=1e-6)
+  _, metrics = loss("decoupled_ppo", np.asarray(mb["sampler_logprobs"]) + delta)
+  weight = float(metrics["behav_weight_mean"]) / float(metrics["weight_sum"])
+  np.testing.assert_allclose(weight, np.exp(0.1), rtol=1e-5)  # π_prox / π_behav, π_prox = the trainer's

@@ -83,3 +83,11 @@ def test_arithmetic_reward_is_exact_match_of_the_answer():
   wrong = rl.arithmetic_reward("", "Answer: 12", answer="13")
   assert wrong.value == 0.0 and wrong.info["reason"] == "wrong_answer"
   assert rl.arithmetic_reward("", "13", answer="13").info["reason"] == "no_answer"
+
+
+def test_weighted_reward_adds_format_and_accuracy_like_r1():
+  from jaxrl.rewards import load_reward
+  fn = load_reward("jaxrl.rl:weighted_reward", components={"acc": "jaxrl.rl:arithmetic_reward", "fmt": "format"},
+                   weights={"fmt": 0.5})
+  assert fn("", "<think>3+4=7</think> Answer: 7", answer="7").value == 1.5
+  assert fn("", "Answer: 7", answer="7").value == 1.0
