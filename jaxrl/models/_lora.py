@@ -40,7 +40,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
+import ml_dtypes
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -322,7 +322,8 @@ def merged_base(model: Transformer) -> Transformer:
   if not has_lora(model):
     raise ValueError("model has no LoRA adapters")
   graphdef, adapters, base = split_lora(model)
-  copy = nnx.merge(graphdef, adapters, base)
+  # Fresh Variables: merge reuses the state's Variable objects, and folding writes into them.
+  copy = nnx.merge(graphdef, *jax.tree.map(lambda x: x, (adapters, base)))
   if not _merged(copy):
     _fold(copy, +1.0)
   _, _, base = split_lora(copy)

@@ -13,6 +13,7 @@ Example::
 """
 
 from jaxrl.sampling._decode import decode_step
+from jaxrl.sampling._layers import unstack_layers
 from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask
 from jaxrl.sampling._sampler import (
     FINISH_REASONS,
@@ -36,4 +37,5 @@ __all__ = [
     "sample_logits",
     "top_logprobs",
     "truncation_mask",
+    "unstack_layers",
 ]

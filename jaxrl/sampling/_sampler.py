@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import models
-from jaxrl.sampling import _decode
+from jaxrl.sampling import _decode, _layers
 from jaxrl.sampling._logits import entropy as _entropy
 from jaxrl.sampling._logits import sample_logits
 from jaxrl.sampling._logits import top_logprobs as _top_logprobs
@@ -189,12 +189,15 @@ class Sampler:
     min_bucket: smallest prompt / completion length bucket.
     add_special_tokens: passed to the tokenizer when encoding string prompts.
     version: policy version recorded for tokens generated with the current weights.
+    unstack_layers: sample from a copy of a ``scan_layers`` model with one array per layer
+      (:func:`jaxrl.sampling.unstack_layers`): on CPU a scanned decode step copies every layer's
+      weight slice each step. Costs a copy of the block weights. Default: on the CPU backend.
   """
 
   def __init__(self, model, tokenizer=None, *, mesh: Mesh | None = None, rules: LogicalRules | None = None,
                max_len: int = 2048, eos_token_ids: Sequence[int] | None = None, pad_token_id: int | None = None,
                cache_dtype: str | None = None, decode_impl: str = "kernel", min_bucket: int = 8,
-               add_special_tokens: bool = True, version: int = 0):
+               add_special_tokens: bool = True, version: int = 0, unstack_layers: bool | None = None):
     if not isinstance(max_len, int) or max_len < 2:
       raise ValueError(f"max_len: must be an int >= 2, got {max_len!r}")
     if decode_impl not in ("kernel", "model"):
@@ -216,12 +219,15 @@ class Sampler:
       pad_token_id = getattr(tokenizer, "pad_token_id", None)
       pad_token_id = 0 if pad_token_id is None else pad_token_id
     self.pad_token_id = int(pad_token_id)
-    if mesh is not None:
-      model = models.shard_model(model, mesh, self.rules)
-    self.graphdef, self.params = nnx.split(model)
+    if unstack_layers is None:
+      unstack_layers = jax.default_backend() == "cpu"
+    self.unstack_layers = bool(unstack_layers)
+    self.source_graphdef = nnx.graphdef(model)
+    self.graphdef, self.params = nnx.split(self._placed(model))
     self.version = int(version)
     self._dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in self.rules.mesh_axes("cache_batch"))
-    self._programs = _programs(self.graphdef, self.cfg, mesh, self.rules, self.cache_dtype, decode_impl)
+    self._programs = _programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
+                               self.cache_dtype, decode_impl)
 
   # ------------------------------------------------------------------------------------------------
   # Public API
@@ -242,9 +248,9 @@ class Sampler:
 
   def set_weights(self, model, *, version: int | None = None) -> None:
     """Uses ``model``'s parameters from now on (same architecture); ``version`` defaults to +1."""
-    graphdef, params = nnx.split(model if self.mesh is None else models.shard_model(model, self.mesh, self.rules))
-    if graphdef != self.graphdef:
+    if nnx.graphdef(model) != self.source_graphdef:
       raise ValueError("set_weights: the new model's structure differs from the sampler's model")
+    params = nnx.state(self._placed(model))
     shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
     if shapes(params) != shapes(self.params):
       raise ValueError("set_weights: the new model's parameter shapes or dtypes differ from the sampler's")
@@ -433,6 +439,12 @@ class Sampler:
 
   # ------------------------------------------------------------------------------------------------
   # Input handling
+
+  def _placed(self, model):
+    """The model as the programs read it: on the mesh, and unstacked when ``unstack_layers``."""
+    if self.unstack_layers:
+      return _layers.unstack_layers(model, mesh=self.mesh, rules=self.rules)
+    return model if self.mesh is None else models.shard_model(model, self.mesh, self.rules)
 
   def _check_token(self, t, name: str) -> int:
     if isinstance(t, str):

@@ -93,6 +93,8 @@ class SFTConfig:
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
   mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
+  lora: models.LoraConfig | None = None
+  "Train LoRA adapters only (base frozen, no optimizer state for it); lr = optim.lr × lora.lr_multiplier."
   out_dir: str = "runs/sft"
   export_hf: bool = True
   "Write an HF directory (out_dir/hf) at the end."
@@ -168,21 +170,41 @@ class SFTTrainer:
     self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, self.model.cfg)
     self.train_paths, self.heldout_paths = _resolve_data(cfg, self.out_dir)
-    self.graphdef, params = nnx.split(self.model)
-    self.optimizer = train.make_optimizer(cfg.optim, cfg.steps)
-    self.schedule = train.make_schedule(cfg.optim, cfg.steps)
+    optim_cfg, lr_scale = cfg.optim, None
+    loss_fn = None
+    self.frozen = ()  # extra (non-differentiated) step inputs: the frozen base under LoRA
+    if cfg.lora is not None:
+      models.apply_lora(self.model, cfg.lora, seed=cfg.model.seed, rules=self.rules)
+      self.graphdef, params, base = models.split_lora(self.model)
+      self.frozen = (base,)
+      optim_cfg = dataclasses.replace(cfg.optim, lr=cfg.optim.lr * cfg.lora.lr_multiplier)
+      lr_scale = models.lr_scale_tree(params, cfg.lora.b_lr_ratio)
+      loss_fn = models.lora_loss(sft_loss_fn(self.graphdef, cfg.loss))
+      eval_loss = models.lora_loss(sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size)))
+    else:
+      self.graphdef, params = nnx.split(self.model)
+      loss_fn = sft_loss_fn(self.graphdef, cfg.loss)
+      eval_loss = sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size))
+    self.optimizer = train.make_optimizer(optim_cfg, cfg.steps, lr_scale=lr_scale)
+    self.schedule = train.make_schedule(optim_cfg, cfg.steps)
     self.state = train.place_on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
     self.step_fn = train.make_train_step(
-        sft_loss_fn(self.graphdef, cfg.loss), self.optimizer, micro_batches=cfg.micro_batches,
+        loss_fn, self.optimizer, micro_batches=cfg.micro_batches,
         mesh=self.mesh, schedule=self.schedule, prepare=sft_prepare(cfg.loss))
-    self._eval_fn = jax.jit(lambda p, b: sft_loss_fn(self.graphdef, SFTLoss(mode="global_token_mean",
-                                                                               chunk_size=cfg.loss.chunk_size))(
-        p, sft_prepare(SFTLoss(mode="global_token_mean"))(b)))
+    eval_prepare = sft_prepare(SFTLoss(mode="global_token_mean"))
+    self._eval_fn = jax.jit(lambda p, b, *frozen: eval_loss(p, eval_prepare(b), *frozen))
     self.checkpointer = None
     if cfg.checkpoint.every:
       self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every,
                                              keep=cfg.checkpoint.keep)
+
+  def current_model(self, *, for_sampling: bool = False):
+    """The model with the current parameters; with LoRA and ``for_sampling``, adapters merged in."""
+    model = nnx.merge(self.graphdef, self.state.params, *self.frozen)
+    if for_sampling and self.cfg.lora is not None:
+      return models.merged_base(model)
+    return model
 
   def _batches(self, paths, *, epochs):
     dcfg = data_lib.DataConfig(paths=tuple(paths), seed=self.cfg.data.shuffle_seed, num_epochs=epochs,
@@ -205,14 +227,14 @@ class SFTTrainer:
           batch = next(it)
         except StopIteration:
           break
-        _, m = self._eval_fn(params, self._device_batch(batch.arrays))
+        _, m = self._eval_fn(params, self._device_batch(batch.arrays), *self.frozen)
         nll += float(m["nll_sum"])
         toks += float(m["loss_tokens"])
       if toks:
         out["eval_loss"] = nll / toks
     if self.cfg.eval.exact_match:
       out["eval_exact_match"] = heldout_exact_match(
-          nnx.merge(self.graphdef, params), self.tokenizer, self.heldout_paths,
+          self.current_model(for_sampling=True), self.tokenizer, self.heldout_paths,
           n=self.cfg.eval.exact_match, max_new_tokens=self.cfg.eval.max_new_tokens, mesh=self.mesh)
     return out
 
@@ -239,7 +261,7 @@ class SFTTrainer:
     last = cfg.steps if until is None else min(until, cfg.steps)
     for step in range(start_step + 1, last + 1):
       batch = next(it)
-      self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays))
+      self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
       if step % cfg.log_every == 0 or step == cfg.steps:
         metrics = jax.device_get(metrics)
         now = time.perf_counter()
@@ -271,9 +293,11 @@ class SFTTrainer:
     results.update(steps=cfg.steps, losses=losses_seen, plot=str(plot) if plot else None,
                    skipped=int(self.state.skipped), packing=dataclasses.asdict(batch.stats))
     if cfg.export_hf:
-      model = nnx.merge(self.graphdef, self.state.params)
-      models.save_pretrained(model, self.out_dir / "hf", tokenizer=self.tokenizer)
+      models.save_pretrained(self.current_model(for_sampling=True), self.out_dir / "hf", tokenizer=self.tokenizer)
       results["hf_dir"] = str(self.out_dir / "hf")
+      if cfg.lora is not None:
+        models.save_peft(self.current_model(), self.out_dir / "adapter")
+        results["adapter_dir"] = str(self.out_dir / "adapter")
     (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 

@@ -10,11 +10,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-from model_testlib import HF_FIXTURES, TEST_CFG, arange_positions, flat_arrays, forward, o1_model, packed_batch
+from model_testlib import HF_FIXTURES, TEST_CFG, arange_positions, forward, o1_model, packed_batch
 
 from jaxrl import models, sharding, train
 from jaxrl.models import LoraConfig, ModelConfig

@@ -110,3 +110,20 @@ def test_model_gradients_do_not_depend_on_the_split(packed_batch, mode, divisor)
     np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(ref)):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+
+
+def test_lora_trains_only_adapters_and_exports_a_peft_adapter(tmp_path):
+  trainer = sft.SFTTrainer(_cfg(tmp_path, steps=3, lora={"rank": 4, "alpha": 8, "targets": "all"},
+                                export_hf=True))
+  base_before = jax.tree.map(np.asarray, trainer.frozen[0])
+  out = trainer.run()
+  adapter_leaves = jax.tree.leaves(trainer.state.params)
+  assert adapter_leaves and all(leaf.shape[-1] == 4 or leaf.shape[1] == 4 for leaf in adapter_leaves)
+  for a, b in zip(jax.tree.leaves(base_before), jax.tree.leaves(trainer.frozen[0])):
+    np.testing.assert_array_equal(a, np.asarray(b))
+  assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+  merged = models.load_pretrained(out["hf_dir"])
+  tokens = np.arange(1, 17, dtype=np.int32)[None]
+  pos, seg = np.arange(16, dtype=np.int32)[None], np.ones((1, 16), np.int32)
+  np.testing.assert_allclose(merged(tokens, positions=pos, segment_ids=seg),
+                             trainer.current_model()(tokens, positions=pos, segment_ids=seg), atol=1e-4)

@@ -1,0 +1,63 @@
+"""Per-layer parameter arrays for decoding: a ``scan_layers`` model rewritten with ``scan_layers=False``.
+
+A scanned model stacks every block's weights on a leading ``layers`` axis; inside a decode loop XLA
+CPU then materialises each layer's slice (a dynamic-slice copy of every weight, every step), which
+about doubles the memory traffic of a memory-bound decode step. The unstacked copy holds one array
+per layer, read in place. It costs one extra copy of the block weights while the sampler holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl import models
+from jaxrl.sharding import LogicalRules
+
+
+def _key(p):
+  return p.key if hasattr(p, "key") else p
+
+
+@functools.lru_cache(maxsize=16)
+def _unstack_fn(graphdef, cfg: models.ModelConfig, mesh: Mesh | None, rules: LogicalRules | None):
+  flat_cfg = dataclasses.replace(cfg, scan_layers=False)
+  flat_graphdef, abs_state = nnx.split(models.abstract_model(flat_cfg))
+  paths = [tuple(_key(p) for p in path) for path, _ in nnx.to_flat_state(abs_state)]
+  shardings = [v.get_value() for _, v in nnx.to_flat_state(models.state_shardings(abs_state, mesh, rules))]
+
+  def unstack(stacked: dict) -> list:  # {stacked path: array} -> arrays in `paths` order
+    out = []
+    for path in paths:
+      if path[0] == "layers":
+        out.append(stacked[("layers",) + path[2:]][path[1]])
+      else:
+        out.append(stacked[path])
+    return out
+
+  return flat_graphdef, abs_state, jax.jit(unstack, out_shardings=shardings)
+
+
+def unstack_layers(model, *, mesh: Mesh | None = None, rules: LogicalRules | None = None):
+  """``model`` with ``scan_layers=False`` and one parameter array per block (values copied).
+
+  Args:
+    model: a :class:`jaxrl.models.Transformer`; returned unchanged if it is not scanned.
+    mesh, rules: placement of the per-layer arrays (default: one device).
+
+  Returns:
+    An equivalent :class:`jaxrl.models.Transformer` whose ``cfg.scan_layers`` is False.
+  """
+  cfg = model.cfg
+  if not cfg.scan_layers:
+    return model
+  graphdef, state = nnx.split(model)
+  flat_graphdef, abs_state, fn = _unstack_fn(graphdef, cfg, mesh, rules)
+  stacked = {tuple(_key(p) for p in path): v.get_value() for path, v in nnx.to_flat_state(state)}
+  values = fn(stacked)
+  leaves = [(path, var.replace(x)) for (path, var), x in zip(nnx.to_flat_state(abs_state), values)]
+  return nnx.merge(flat_graphdef, nnx.from_flat_state(leaves))
