@@ -237,3 +237,10 @@ def test_completion_is_cut_at_max_len(fixture_models):
   sampler = sampling.Sampler(fixture_models["qwen3"], None, max_len=20, eos_token_ids=[])
   out = sampler.generate([list(range(15)), [1, 2]], max_new_tokens=NEW, temperature=0.0)
   assert out.lengths.tolist() == [5, NEW] and out.finish_reason == ["length", "length"]
+
+
+def test_model_cache_path_with_scanned_layers_matches_hf(fixture_models, qwen3_reference):
+  sampler = sampling.Sampler(fixture_models["qwen3"], None, max_len=64, eos_token_ids=[], decode_impl="model",
+                             unstack_layers=False)
+  out = sampler.generate(qwen3_reference["prompt"], max_new_tokens=NEW, temperature=0.0)
+  np.testing.assert_array_equal(out.tokens, qwen3_reference["tokens"])
