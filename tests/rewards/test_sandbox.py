@@ -125,7 +125,9 @@ def test_network_namespace_blocks_a_child_without_the_audit_hook():
   child = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('done')"
   program = (
     "import subprocess, sys\n"
-    f"p = subprocess.run([sys.executable, '-I', '-c', {child!r}], capture_output=True, text=True)\n"
+    # the base interpreter: a virtualenv under /tmp is not visible inside the sandbox's own /tmp
+    f"p = subprocess.run([getattr(sys, '_base_executable', sys.executable), '-I', '-c', {child!r}],"
+    " capture_output=True, text=True)\n"
     "print(p.stdout.strip() or p.stderr.strip().splitlines()[-1])"
   )
   r, rec = _reward(program, timeout_s=5.0)
@@ -136,8 +138,9 @@ def test_network_namespace_blocks_a_child_without_the_audit_hook():
 
 @needs_strong
 def test_writing_outside_the_temp_dir_fails(tmp_path):
-  # a root-owned directory the sandbox can see (read-only for its uid), and the parent's tmp dir
-  visible = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"_escape_{uuid.uuid4().hex}.txt")
+  # a root-owned directory the sandbox can see (read-only for its uid), and the parent's tmp dir;
+  # not the checkout, which may itself lie under /tmp (replaced by the run's own dir in the sandbox)
+  visible = os.path.join("/usr/local", f"_escape_{uuid.uuid4().hex}.txt")
   hidden = tmp_path / "outside.txt"
   try:
     for target, error in ((visible, "PermissionError"), (str(hidden), "FileNotFoundError")):
