@@ -99,7 +99,26 @@ def cmd_convert(ns: argparse.Namespace) -> int:
   return 0
 
 
+def _pass(name: str, module: str, attr: str):
+  def run(rest: list[str]) -> int:
+    import importlib
+    return getattr(importlib.import_module(module), attr)(rest)
+  PASSTHROUGH[name] = run
+  return run
+
+
+PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {}
+_pass("rl", "jaxrl.rl._cli", "main_rl")
+_pass("sample", "jaxrl.sampling._cli", "main")
+_pass("quickstart", "jaxrl.quickstart", "main")
+
+
 def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  # Commands that parse their own options get the rest of the line untouched (argparse would
+  # otherwise take a leading `--model` or `--config` for an option of `jaxrl` itself).
+  if argv and argv[0] in PASSTHROUGH:
+    return PASSTHROUGH[argv[0]](argv[1:])
   parser = argparse.ArgumentParser(prog="jaxrl", description="JAX-native LLM post-training")
   sub = parser.add_subparsers(dest="command", required=True)
   for name, (help_text, add_args, _) in COMMANDS.items():
