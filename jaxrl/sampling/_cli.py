@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
   except (FileNotFoundError, ValueError, KeyError) as e:
     print(f"jaxrl sample: error: {e}", file=sys.stderr)
     return 2
+  def piece(tid: int) -> str:
+    tok = tokenizer.convert_ids_to_tokens(int(tid))
+    return repr(tok) if tok is not None else f"<id {int(tid)}>"
+
   for i, text in enumerate(out.texts):
     p, j = divmod(i, args.n)
     print(f"=== prompt {p} sample {j} ({out.lengths[i]} tokens, {out.finish_reason[i]}) ===")
@@ -53,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.logprobs:
       for t in range(out.lengths[i]):
         tid = int(out.tokens[i, t])
-        line = f"  {t:4d} {tid:7d} {tokenizer.convert_ids_to_tokens(tid)!r:>16} {out.logprobs[i, t]:9.4f}"
+        line = f"  {t:4d} {tid:7d} {piece(tid):>16} {out.logprobs[i, t]:9.4f}"
         if out.top_logprobs is not None:
-          alts = ", ".join(f"{tokenizer.convert_ids_to_tokens(int(a))!r}:{v:.3f}"
+          alts = ", ".join(f"{piece(a)}:{v:.3f}"
                            for a, v in zip(out.top_logprobs.ids[i, t], out.top_logprobs.logprobs[i, t]))
           line += f"   [{alts}]"
         print(line)

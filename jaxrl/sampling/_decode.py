@@ -3,9 +3,11 @@
 The model's own cache path runs :func:`jaxrl.kernels.attention` over every cache slot with segment
 and position masks. Here each row's keys are a contiguous prefix ``[0, pos + 1)`` (the sampler's
 layout), so attention goes through :func:`jaxrl.kernels.decode_attention`, whose Pallas kernels read
-only the valid part of each row. Projections, norms, RoPE and the MLP are the model's own modules
-and functions; only the attention call differs. On a mesh the kernel runs under ``shard_map``
-(rows over the cache-batch axes, heads over the tensor axis), so no cache is gathered.
+only the valid part of each row. Norms, RoPE and the MLP are the model's own modules and functions;
+the q/k/v projection mirrors ``Attention.__call__`` (tests hold both paths to the HF reference); the
+output projections contract flattened axes so XLA CPU makes no per-step transposed weight copy. On
+a mesh the kernel runs under ``shard_map`` (rows over the cache-batch axes, heads over the tensor
+axis), so no cache is gathered.
 """
 
 from __future__ import annotations

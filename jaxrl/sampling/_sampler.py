@@ -719,7 +719,6 @@ class _Programs:
     return rows
 
 
-
 @functools.lru_cache(maxsize=64)
 def _programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _Programs:
   return _Programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl)
