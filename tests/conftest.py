@@ -19,3 +19,17 @@ jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_sessionstart(session):
+  """Test modules are imported by basename (rootdir import mode, sibling helper imports), so two
+  files of the same name in different folders break collection on a clean checkout only; name them."""
+  import collections
+  import pathlib
+  import pytest
+  seen = collections.defaultdict(list)
+  for path in pathlib.Path(__file__).parent.rglob("test_*.py"):
+    seen[path.name].append(str(path.relative_to(pathlib.Path(__file__).parent)))
+  dups = {name: paths for name, paths in seen.items() if len(paths) > 1}
+  if dups:
+    raise pytest.UsageError(f"test file basenames must be unique under tests/: {dups}")
