@@ -52,7 +52,10 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         return _convert(arg, value, key)
       except ConfigError as e:
         errors.append(str(e))
-    raise ConfigError(f"{key}: {_describe(value)} matches none of {tp}")
+    non_none = [a for a in args if a is not type(None)]
+    if len(errors) == 1 and len(non_none) == 1:  # `X | None`: X's own error says what is wrong
+      raise ConfigError(errors[0])
+    raise ConfigError(f"{key}: {_describe(value)} matches none of {tp}" + "".join(f"\n  - {e}" for e in errors))
   if origin is Literal:
     if value not in get_args(tp):
       raise ConfigError(f"{key}: {_describe(value)} is not one of {list(get_args(tp))}")

@@ -1,11 +1,23 @@
 """``jaxrl quickstart``: SFT warm start on the built-in arithmetic task, then GRPO, on a laptop CPU.
 
-1. A tiny model is fine-tuned briefly on worked arithmetic answers (``jaxrl.sft.SFTTrainer``), short
-   enough that its held-out accuracy is mediocre.
-2. GRPO (``jaxrl.rl.RLTrainer``) trains it on train-split prompts with the verifiable reward
-   ``jaxrl.rl:arithmetic_reward`` (exact match of the ``Answer:``), evaluating greedy completions of
-   held-out questions before, during and after.
-3. A before/after table of held-out accuracy is printed; ``out_dir/rl/curves.png`` holds the plot.
+1. A tiny model is fine-tuned briefly (``jaxrl.sft.SFTTrainer``) on built-in arithmetic problems with
+   worked answers whose last line is inconsistent, as in data pooled from several sources: a share
+   ``ALT_FORMAT_FRACTION`` of the demonstrations end ``... 3+8=11. The answer is 11.`` instead of the
+   canonical ``... 3+8=11. Answer: 11``. The SFT model imitates both endings, and greedy decoding
+   picks the majority one.
+2. GRPO (``jaxrl.rl.RLTrainer``) trains it on freshly drawn train-split problems with the verifiable
+   reward ``jaxrl.rl:arithmetic_reward``: exact match of the ``Answer:`` line, so a right number in
+   the wrong format earns nothing (DeepSeek-R1's rule rewards check format and answer the same way).
+3. Held-out accuracy (problems of the held-out split: never trained on) is measured greedily before,
+   during and after GRPO, and before and after as pass@1 at the sampling temperature (the mean over
+   ``SAMPLES`` samples per problem). A before/after table is printed; ``out_dir/rl/curves.png`` holds the plot and
+   ``out_dir/quickstart.json`` the numbers.
+
+GRPO's gain here is the canonical answer format (a behaviour shared by every problem); the
+arithmetic itself does not improve in a few minutes on a 2-layer model (the table's "any format"
+columns accept either ending and so measure the arithmetic alone). A k3 KL term to the SFT model
+(``kl_coef: 0.1``) keeps GRPO from trading held-out arithmetic for train-split memorisation, which
+it does without one. Numbers: ``docs/benchmarks.md``.
 
 ``configs/grpo_tiny.yaml`` is the RL half as a config file (with a random-init model section); the
 settings below are the same.
@@ -15,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -22,30 +35,33 @@ from typing import Any
 TINY_MODEL = {"preset": "tiny", "overrides": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 192,
                                               "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}}
 DIFFICULTY = 2
+ALT_FORMAT_FRACTION = 0.7
+"""Share of SFT demonstrations ending ``The answer is v.`` rather than ``Answer: v``."""
+SFT_RECORDS = 4000
+SAMPLES = 8
 
 SFT = {
     "model": TINY_MODEL,
-    "data": {"builtin": {"n_train": 4000, "n_heldout": 16, "difficulty": DIFFICULTY, "seed": 0}},
     "packing": {"seq_len": 256, "global_rows": 8, "method": "best_fit", "buffer_size": 64},
     "loss": {"mode": "global_token_mean", "chunk_size": 128},
     "optim": {"lr": 3.0e-3, "warmup_steps": 10, "schedule": "cosine", "final_lr_ratio": 0.1},
-    "steps": 120,
+    "steps": 350,
     "eval": {"every": 0, "exact_match": 0},
     "export_hf": True,
 }
-"""The SFT warm start (``configs/sft_tiny.yaml``, shortened)."""
+"""The SFT warm start (``configs/sft_tiny.yaml``, shortened); its data come from :func:`sft_records`."""
 
 RL = {
-    "data": {"builtin": {"n_train": 2000, "n_heldout": 64, "difficulty": DIFFICULTY, "seed": 0},
+    "data": {"builtin": {"n_train": 2000, "n_heldout": 128, "difficulty": DIFFICULTY, "seed": 1},
              "max_prompt_tokens": 32},
     "rollout": {"prompts_per_step": 16, "n": 8, "max_new_tokens": 32, "temperature": 1.0},
     "reward": {"fn": "jaxrl.rl:arithmetic_reward", "correct_threshold": 0.5},
     "algorithm": {"advantage": "grpo", "objective": "ppo_clip", "aggregation": "token_mean",
-                  "old_logprobs": "recompute", "ppo_epochs": 1, "mini_batches": 2},
-    "micro_batch": {"token_budget": 4096, "row_len": 64},
-    "optim": {"lr": 1.0e-3, "warmup_steps": 2, "schedule": "constant", "clip_norm": 1.0},
-    "steps": 40,
-    "eval": {"every": 10, "prompts": 64},
+                  "old_logprobs": "recompute", "ppo_epochs": 1, "mini_batches": 2, "kl_coef": 0.1},
+    "micro_batch": {"token_budget": 3840, "row_len": 96},
+    "optim": {"lr": 2.0e-4, "warmup_steps": 4, "schedule": "constant", "clip_norm": 1.0},
+    "steps": 100,
+    "eval": {"every": 25, "prompts": 128},
 }
 """The GRPO half (``configs/grpo_tiny.yaml`` minus its ``model:`` section)."""
 
@@ -57,30 +73,70 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def sft_records(n: int, *, seed: int, alt_fraction: float | None = None) -> list[dict[str, Any]]:
+  """Built-in train-split problems; a seeded ``alt_fraction`` (default :data:`ALT_FORMAT_FRACTION`)
+  of them end ``The answer is v.``."""
+  import numpy as np
+  alt_fraction = ALT_FORMAT_FRACTION if alt_fraction is None else alt_fraction
+  from jaxrl import data as data_lib
+  records = data_lib.generate_arithmetic(n, seed=seed, split="train",
+                                         config=data_lib.ArithmeticConfig.level(DIFFICULTY))
+  alt = np.random.default_rng([seed, 1]).random(n) < alt_fraction
+  for record, flip in zip(records, alt):
+    if flip:
+      reply = record["messages"][-1]
+      reply["content"] = reply["content"].replace(f"Answer: {record['answer']}", f"The answer is {record['answer']}.")
+  return records
+
+
+_ANY_FORMAT = re.compile(r"(?:Answer:|The answer is)\s*(-?\d+)")
+
+
+def any_format_accuracy(trainer, step: int) -> float:
+  """Greedy held-out accuracy counting a right number in *either* ending: the arithmetic alone.
+
+  The reward (and ``eval/accuracy``) accepts only ``Answer: v``; the gap between the two is the
+  format GRPO learned."""
+  prompts = trainer.heldout_prompts
+  idx = list(range(min(trainer.cfg.eval.prompts, len(prompts))))
+  out = trainer._sampler_for(step).generate([prompts.ids[i].tolist() for i in idx], n=1,
+                                            max_new_tokens=trainer.cfg.rollout.max_new_tokens, temperature=0.0)
+  hits = [(m := _ANY_FORMAT.search(text)) is not None and m.group(1) == prompts.records[i]["answer"]
+          for i, text in zip(idx, out.texts)]
+  return sum(hits) / max(len(hits), 1)
+
+
 def run_quickstart(out_dir: str | Path, *, seed: int = 0, sft: dict[str, Any] | None = None,
                    rl: dict[str, Any] | None = None, tensorboard: bool = True) -> dict[str, Any]:
-  """SFT then GRPO; returns ``{"sft_accuracy", "rl_accuracy", "rl": results, "seconds": ...}``.
+  """SFT then GRPO; returns held-out accuracies before/after, the eval curve and timings.
 
-  ``sft`` / ``rl`` are nested overrides of :data:`SFT` / :data:`RL`; ``seed`` seeds the model
-  initialisation, the SFT data order, the prompt shuffle and the sampler.
+  ``sft`` / ``rl`` are nested overrides of :data:`SFT` / :data:`RL`. ``seed`` seeds the model
+  initialisation, the SFT data order, the RL prompts (``builtin.seed = 1 + seed``), their shuffle
+  and the sampler.
   """
   from jaxrl import config as config_lib
   from jaxrl import rl as rl_lib
+  from jaxrl import data as data_lib
   from jaxrl import sft as sft_lib
   out_dir = Path(out_dir)
   t0 = time.perf_counter()
-  sft_dict = _merge(SFT, {"model": {"seed": seed}, "data": {"shuffle_seed": seed}, "out_dir": str(out_dir / "sft"),
-                          "tensorboard": tensorboard})
-  sft_dict = _merge(sft_dict, sft or {})
-  sft_out = sft_lib.SFTTrainer(config_lib.from_dict(sft_lib.SFTConfig, sft_dict)).run()
+  train_file = data_lib.write_jsonl(sft_records(SFT_RECORDS, seed=seed), out_dir / "sft_data" / "train.jsonl")
+  sft_dict = _merge(SFT, {"model": {"seed": seed},
+                          "data": {"train": [str(train_file)], "builtin": None, "shuffle_seed": seed},
+                          "out_dir": str(out_dir / "sft"), "tensorboard": tensorboard})
+  sft_out = sft_lib.SFTTrainer(config_lib.from_dict(sft_lib.SFTConfig, _merge(sft_dict, sft or {}))).run()
   t1 = time.perf_counter()
-  rl_dict = _merge(RL, {"data": {"shuffle_seed": seed}, "seed": seed, "out_dir": str(out_dir / "rl"),
-                        "tensorboard": tensorboard})
+  rl_dict = _merge(RL, {"data": {"builtin": {"seed": 1 + seed}, "shuffle_seed": seed}, "seed": seed,
+                        "out_dir": str(out_dir / "rl"), "tensorboard": tensorboard})
   rl_dict = _merge(rl_dict, rl or {})
   rl_dict["model"] = {"hf_dir": sft_out["hf_dir"]}
   trainer = rl_lib.RLTrainer(config_lib.from_dict(rl_lib.RLConfig, rl_dict))
   try:
+    sampled_before = trainer.evaluate(1, temperature=1.0, samples=SAMPLES, prefix="sampled")
+    lenient_before = any_format_accuracy(trainer, 1)
     rl_out = trainer.run()
+    sampled_after = trainer.evaluate(trainer.cfg.steps, temperature=1.0, samples=SAMPLES, prefix="sampled")
+    lenient_after = any_format_accuracy(trainer, trainer.cfg.steps)
   finally:
     trainer.close()
   t2 = time.perf_counter()
@@ -88,26 +144,43 @@ def run_quickstart(out_dir: str | Path, *, seed: int = 0, sft: dict[str, Any] | 
       "seed": seed,
       "sft_accuracy": rl_out["eval_before"]["eval/accuracy"],
       "rl_accuracy": rl_out["eval_after"]["eval/accuracy"],
-      "eval_curve": [(h["step"], h["eval/accuracy"]) for h in trainer.history if "eval/accuracy" in h],
-      "reward_first": rl_out["rewards"][0], "reward_last": rl_out["rewards"][-1],
+      "sft_sampled": sampled_before["sampled/accuracy"],
+      "rl_sampled": sampled_after["sampled/accuracy"],
+      "sft_any_format": lenient_before, "rl_any_format": lenient_after,
+      "eval_curve": [(0, rl_out["eval_before"]["eval/accuracy"])] + [
+          (int(h["step"]), h["eval/accuracy"]) for h in trainer.history if "eval/accuracy" in h],
+      "reward_first10": sum(rl_out["rewards"][:10]) / 10, "reward_last10": sum(rl_out["rewards"][-10:]) / 10,
       "seconds_sft": t1 - t0, "seconds_rl": t2 - t1, "plot": rl_out["plot"],
   }
+  out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "quickstart.json").write_text(json.dumps(result, indent=2))
   return result
 
 
-def _table(results: list[dict[str, Any]]) -> str:
+def _table(results: list[dict[str, Any]]) -> None:
   from rich.console import Console
   from rich.table import Table
-  table = Table(title="held-out accuracy (greedy, exact match of the Answer:)")
-  for col in ("seed", "SFT only", "SFT + GRPO", "gain", "SFT s", "GRPO s"):
+  console = Console()
+  if not console.is_terminal:
+    console = Console(width=120)  # logs: do not squeeze the table into 80 columns
+  table = Table(title=f"held-out accuracy, {RL['eval']['prompts']} problems never trained on",
+                caption=f"greedy / pass@1 (T=1, mean of {SAMPLES} samples): exact match of the 'Answer: v' line, "
+                        "the reward's rule; any format: greedy, the right number after 'Answer:' or "
+                        "'The answer is' (the arithmetic alone)")
+  for col in ("seed", "SFT greedy", "GRPO greedy", "gain", "SFT pass@1", "GRPO pass@1", "SFT any fmt",
+              "GRPO any fmt", "SFT s", "GRPO s"):
     table.add_column(col, justify="right")
-  for r in results:
+  rows = list(results)
+  if len(results) > 1:
+    rows.append({k: (sum(r[k] for r in results) / len(results)) if k != "seed" else "mean"
+                 for k in ("seed", "sft_accuracy", "rl_accuracy", "sft_sampled", "rl_sampled", "sft_any_format",
+                           "rl_any_format", "seconds_sft", "seconds_rl")})
+  for r in rows:
     table.add_row(str(r["seed"]), f"{r['sft_accuracy']:.1%}", f"{r['rl_accuracy']:.1%}",
-                  f"{r['rl_accuracy'] - r['sft_accuracy']:+.1%}", f"{r['seconds_sft']:.0f}", f"{r['seconds_rl']:.0f}")
-  console = Console(record=True)
+                  f"{r['rl_accuracy'] - r['sft_accuracy']:+.1%}", f"{r['sft_sampled']:.1%}", f"{r['rl_sampled']:.1%}",
+                  f"{r['sft_any_format']:.1%}", f"{r['rl_any_format']:.1%}",
+                  f"{r['seconds_sft']:.0f}", f"{r['seconds_rl']:.0f}")
   console.print(table)
-  return console.export_text()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from jaxrl.data._pipeline import DataConfig, sft_batches, sft_samples
 from jaxrl.data._sources import DataError, JsonlSource, ParquetSource, open_source, record_messages
 from jaxrl.data._synthetic import (
     ArithmeticConfig,
+    BuiltinTask,
     exact_match,
     extract_answer,
     generate_arithmetic,
@@ -29,6 +30,7 @@ from jaxrl.data._synthetic import (
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir
 
 __all__ = [
+    "BuiltinTask",
     "CHAT_TEMPLATE",
     "PACKING_METHODS",
     "ROW_KEYS",

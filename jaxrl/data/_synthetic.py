@@ -197,6 +197,46 @@ def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
   return path
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuiltinTask:
+  """Config section ``data.builtin`` of the SFT and RL trainers: the built-in arithmetic task.
+
+  :meth:`records` draws a split: ``n_train`` train records (repeats allowed) or ``n_heldout``
+  distinct held-out ones (never in the train split).
+  """
+
+  n_train: int = 4000
+  "Records drawn from the train split."
+  n_heldout: int = 64
+  "Distinct held-out records (never in the train split)."
+  difficulty: int = 2
+  "ArithmeticConfig.level: 0 = one-digit a+b ... 4 = four terms up to 99."
+  num_turns: int = 1
+  "Assistant turns per conversation (ArithmeticConfig.num_turns)."
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.n_train < 1:
+      raise ValueError(f"data.builtin.n_train must be >= 1, got {self.n_train!r}")
+    if self.n_heldout < 0:
+      raise ValueError(f"data.builtin.n_heldout must be >= 0, got {self.n_heldout!r}")
+    if self.difficulty not in range(5):
+      raise ValueError(f"data.builtin.difficulty must be in 0..4, got {self.difficulty!r}")
+    if self.num_turns < 1:
+      raise ValueError(f"data.builtin.num_turns must be >= 1, got {self.num_turns!r}")
+
+  @property
+  def task(self) -> ArithmeticConfig:
+    return ArithmeticConfig.level(self.difficulty, num_turns=self.num_turns)
+
+  def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
+    if split == "train":
+      return generate_arithmetic(self.n_train, seed=self.seed, split="train", config=self.task)
+    if not self.n_heldout:
+      return []
+    return generate_arithmetic(self.n_heldout, seed=self.seed, split="heldout", config=self.task, unique=True)
+
+
 def write_arithmetic_splits(
     out_dir: str | Path,
     *,

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl.kernels._reference import MASK_VALUE
+from jaxrl.kernels._reference import MASK_VALUE, pair  # noqa: F401  (pair: re-exported)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -73,15 +73,6 @@ def next_pow2(x: int) -> int:
 
 def round_up(x: int, m: int) -> int:
   return (x + m - 1) // m * m
-
-
-def pair(x, name):
-  """``x`` or ``(x_q, x_kv)`` → ``(x_q, x_kv)``."""
-  if isinstance(x, (tuple, list)):
-    if len(x) != 2:
-      raise ValueError(f"{name} must be an array or a (q, kv) pair, got {len(x)} items")
-    return x[0], x[1]
-  return x, x
 
 
 def normalise_ids(

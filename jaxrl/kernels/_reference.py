@@ -13,7 +13,8 @@ import jax.numpy as jnp
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def _pair(x, name):
+def pair(x, name):
+  """``x`` or ``(x_q, x_kv)`` → ``(x_q, x_kv)``."""
   if isinstance(x, (tuple, list)):
     if len(x) != 2:
       raise ValueError(f"{name} must be an array or a (q, kv) pair, got {len(x)} items")
@@ -65,12 +66,12 @@ def attention_reference(
   if n % kh:
     raise ValueError(f"query heads ({n}) must be a multiple of kv heads ({kh})")
   g = n // kh
-  q_seg, kv_seg = _pair(segment_ids, "segment_ids")
+  q_seg, kv_seg = pair(segment_ids, "segment_ids")
   if positions is None:
     q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     kv_pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
   else:
-    q_pos, kv_pos = _pair(positions, "positions")
+    q_pos, kv_pos = pair(positions, "positions")
   scale = h**-0.5 if sm_scale is None else sm_scale
   qg = q.reshape(b, t, kh, g, h)
   logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale

@@ -9,31 +9,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from jaxrl import losses, sharding, train
+from jaxrl import data as data_lib
+from jaxrl import losses, models, sharding, train
 from jaxrl.models._source import ModelSource
 from jaxrl.rewards import RewardRunnerConfig
 from jaxrl.sft import CheckpointConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BuiltinPrompts:
-  """The built-in arithmetic task as prompts (``jaxrl.data.generate_arithmetic``) with ``answer`` fields."""
+class BuiltinPrompts(data_lib.BuiltinTask):
+  """The built-in arithmetic task as prompts with ``answer`` fields (single-turn)."""
 
   n_train: int = 2000
   "Training prompts drawn from the train split."
-  n_heldout: int = 64
-  "Distinct held-out prompts (never in the train split)."
-  difficulty: int = 2
-  "jaxrl.data.ArithmeticConfig.level: 0 = one-digit a+b ... 4 = four terms up to 99."
-  seed: int = 0
 
   def __post_init__(self):
-    if self.n_train < 1:
-      raise ValueError(f"data.builtin.n_train must be >= 1, got {self.n_train!r}")
-    if self.n_heldout < 0:
-      raise ValueError(f"data.builtin.n_heldout must be >= 0, got {self.n_heldout!r}")
-    if self.difficulty not in range(5):
-      raise ValueError(f"data.builtin.difficulty must be in 0..4, got {self.difficulty!r}")
+    super().__post_init__()
+    if self.num_turns != 1:
+      raise ValueError(f"data.builtin.num_turns must be 1 for RL prompts, got {self.num_turns!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -236,7 +229,12 @@ class MicroBatchConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RLEvalConfig:
-  """Held-out evaluation: greedy completions scored by the reward function."""
+  """Held-out evaluation: completions scored by the reward function (greedy by default).
+
+  ``eval/accuracy`` is the share of correct completions over all prompts and samples: greedy
+  accuracy with ``temperature: 0``, or pass@1 averaged over ``samples`` draws (DeepScaleR reports
+  AIME pass@1 as the mean of 16 samples at T = 0.6); ``eval/pass@k`` is logged when ``samples > 1``.
+  """
 
   every: int = 10
   "RL steps between evaluations (and before the first and after the last step); 0 disables."
@@ -244,10 +242,18 @@ class RLEvalConfig:
   "Held-out prompts to evaluate."
   max_new_tokens: int | None = None
   "Default: the current stage's max_new_tokens."
+  temperature: float = 0.0
+  "0 = greedy."
+  samples: int = 1
+  "Completions per prompt (use > 1 only with temperature > 0)."
 
   def __post_init__(self):
     if self.every < 0 or self.prompts < 0:
       raise ValueError(f"eval.every / eval.prompts must be >= 0, got {self.every!r} / {self.prompts!r}")
+    if self.temperature < 0:
+      raise ValueError(f"eval.temperature must be >= 0, got {self.temperature!r}")
+    if self.samples < 1 or (self.samples > 1 and self.temperature == 0):
+      raise ValueError(f"eval.samples must be >= 1, and 1 when eval.temperature is 0; got {self.samples!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -264,6 +270,9 @@ class RLConfig:
   micro_batch: MicroBatchConfig = dataclasses.field(default_factory=MicroBatchConfig)
   optim: train.OptimConfig = dataclasses.field(default_factory=lambda: train.OptimConfig(lr=1e-6))
   "Schedules count optimizer updates: steps × ppo_epochs × mini_batches in all."
+  lora: models.LoraConfig | None = None
+  ("Train LoRA adapters only (lr = optim.lr × lora.lr_multiplier); the frozen base is the KL reference "
+   "(adapters switched off: no second copy of the weights) and the sampler runs the unmerged adapters.")
   steps: int = 100
   "RL steps (rollout + updates)."
   eval: RLEvalConfig = dataclasses.field(default_factory=RLEvalConfig)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl import losses
+from jaxrl import losses, models
 from jaxrl.rl._config import AlgorithmConfig
 
 MICRO_VECTOR_PREFIX = "mb/"
@@ -28,10 +28,31 @@ def policy_logprobs(graphdef, params, mb, *, temperature: float, chunk_size: int
                                temperature=temperature, return_entropy=return_entropy)
 
 
-def make_logprob_fn(graphdef, *, temperature: float, chunk_size: int):
-  """Jitted ``fn(params, micro_batch) -> [R, T]`` log-probs (old-policy recompute, reference policy)."""
-  return jax.jit(lambda params, mb: policy_logprobs(graphdef, params, mb, temperature=temperature,
-                                                    chunk_size=chunk_size))
+def make_logprob_fn(graphdef, *, temperature: float, chunk_size: int, lora: bool = False,
+                    base_only: bool = False):
+  """Jitted ``fn(params, micro_batch[, base]) -> [R, T]`` log-probs (old-policy recompute, reference).
+
+  With ``lora``, ``params`` are the adapters and ``base`` the frozen base state
+  (:func:`jaxrl.models.split_lora`); ``base_only`` then runs the model with every adapter skipped
+  (:func:`jaxrl.models.lora_disabled`, traced inside this function): the KL reference of LoRA RL,
+  computed from the same base arrays, with no second copy of the weights.
+  """
+  if base_only and not lora:
+    raise ValueError("base_only needs lora=True")
+
+  def full(params, mb):
+    return policy_logprobs(graphdef, params, mb, temperature=temperature, chunk_size=chunk_size)
+
+  if not lora:
+    return jax.jit(full)
+  adapted = models.lora_loss(full)  # (adapters, mb, base) -> full(merge_state(base, adapters), mb)
+
+  def fn(adapters, mb, base):
+    if not base_only:
+      return adapted(adapters, mb, base)
+    with models.lora_disabled():
+      return adapted(adapters, mb, base)
+  return jax.jit(fn)
 
 
 def make_prepare(algo: AlgorithmConfig, *, num_groups: int, max_len: int):

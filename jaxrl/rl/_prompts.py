@@ -37,12 +37,7 @@ def read_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
 
 def builtin_records(cfg: BuiltinPrompts, split: str) -> list[dict[str, Any]]:
   """Built-in arithmetic prompts (``messages`` with the worked answer, and ``answer``)."""
-  task = data_lib.ArithmeticConfig.level(cfg.difficulty)
-  if split == "train":
-    return data_lib.generate_arithmetic(cfg.n_train, seed=cfg.seed, split="train", config=task)
-  if cfg.n_heldout == 0:
-    return []
-  return data_lib.generate_arithmetic(cfg.n_heldout, seed=cfg.seed, split="heldout", config=task, unique=True)
+  return cfg.records(split)
 
 
 def reward_fields(record: dict[str, Any]) -> dict[str, Any]:

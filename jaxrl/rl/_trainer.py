@@ -18,6 +18,7 @@ One step (DESIGN.md, "One RL step, as data"):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -75,12 +76,28 @@ class RLTrainer:
     self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
     model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, model.cfg)
-    self.graphdef, params = nnx.split(model)
     algo = cfg.algorithm
-    self.ref_params = jax.tree.map(jnp.copy, params) if algo.kl_coef > 0 else None
+    optim_cfg, lr_scale = cfg.optim, None
+    self.frozen = ()  # extra (non-differentiated) inputs of every forward: the frozen base under LoRA
+    if cfg.lora is not None:
+      # Adapters are the trained state (gradients, optimizer state, checkpoints); the base is frozen
+      # and, with adapters switched off, is also the KL reference (no copy of the weights).
+      models.apply_lora(model, cfg.lora, seed=cfg.model.seed, rules=self.rules)
+      self.graphdef, params, base = models.split_lora(model)
+      self.frozen = (base,)
+      optim_cfg = dataclasses.replace(cfg.optim, lr=cfg.optim.lr * cfg.lora.lr_multiplier)
+      lr_scale = models.lr_scale_tree(params, cfg.lora.b_lr_ratio)
+    else:
+      self.graphdef, params = nnx.split(model)
+    # Without LoRA the reference is a copy of the initial weights; skipped entirely when β = 0.
+    self.ref_params = jax.tree.map(jnp.copy, params) if algo.kl_coef > 0 and cfg.lora is None else None
+    self.ref_logprob_fn = None
+    if algo.kl_coef > 0 and cfg.lora is not None:
+      self.ref_logprob_fn = make_logprob_fn(self.graphdef, temperature=cfg.rollout.temperature,
+                                            chunk_size=algo.logprob_chunk_size, lora=True, base_only=True)
     total_updates = cfg.steps * cfg.updates_per_step
-    self.optimizer = train.make_optimizer(cfg.optim, total_updates)
-    self.schedule = train.make_schedule(cfg.optim, total_updates)
+    self.optimizer = train.make_optimizer(optim_cfg, total_updates, lr_scale=lr_scale)
+    self.schedule = train.make_schedule(optim_cfg, total_updates)
     self.state = _on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
     self.train_prompts, self.heldout_prompts = load_prompt_sets(cfg.data, self.tokenizer)
     self.stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
@@ -94,7 +111,7 @@ class RLTrainer:
           f"micro_batch: token_budget={cfg.micro_batch.token_budget} // row_len={self.row_len} = {self.rows} rows "
           f"per micro-batch; it must be a multiple of the {self.data_parallel} data-parallel devices")
     self.logprob_fn = make_logprob_fn(self.graphdef, temperature=cfg.rollout.temperature,
-                                      chunk_size=algo.logprob_chunk_size)
+                                      chunk_size=algo.logprob_chunk_size, lora=cfg.lora is not None)
     self._steps: dict[tuple[int, int], Any] = {}
     self.sampler: sampling.Sampler | None = None
     self._stage = 0
@@ -109,13 +126,17 @@ class RLTrainer:
   # ------------------------------------------------------------------------------------------------
   # Sampling
 
+  def current_model(self):
+    """The policy with the current parameters (LoRA: base + unmerged adapters; arrays shared, not copied)."""
+    return nnx.merge(self.graphdef, self.state.params, *self.frozen)
+
   def _eval_max_new(self, step: int) -> int:
     return self.cfg.eval.max_new_tokens or self.cfg.rollout.stage(step)[1]
 
   def _sampler_for(self, step: int) -> sampling.Sampler:
     """The sampler for ``step``'s stage, holding the current parameters (rebuilt when max_len grows)."""
     max_len = self.cfg.data.max_prompt_tokens + max(self.cfg.rollout.stage(step)[1], self._eval_max_new(step))
-    model = nnx.merge(self.graphdef, self.state.params)
+    model = self.current_model()
     version = int(self.state.step)
     if self.sampler is None or self.sampler.max_len != max_len:
       self.sampler = sampling.Sampler(model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len,
@@ -210,8 +231,11 @@ class RLTrainer:
     key = (num_micro, max_len)
     if key not in self._steps:
       cfg = self.cfg
+      loss_fn = make_loss_fn(self.graphdef, cfg.algorithm, temperature=cfg.rollout.temperature, num_micro=num_micro)
+      if cfg.lora is not None:
+        loss_fn = models.lora_loss(loss_fn)  # (adapters, mb, base, current_as_old)
       self._steps[key] = train.make_train_step(
-          make_loss_fn(self.graphdef, cfg.algorithm, temperature=cfg.rollout.temperature, num_micro=num_micro),
+          loss_fn,
           self.optimizer, micro_batches=num_micro, mesh=self.mesh, schedule=self.schedule,
           prepare=make_prepare(cfg.algorithm, num_groups=cfg.rollout.prompts_per_step, max_len=max_len))
     return self._steps[key]
@@ -219,12 +243,13 @@ class RLTrainer:
   def _device(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return {k: sharding.global_batch(v, self.batch_sharding) for k, v in arrays.items()}
 
-  def _forward(self, params, packed: PackedBatch) -> np.ndarray:  # [M, R, T]
+  def _forward(self, params, packed: PackedBatch, *, fn=None) -> np.ndarray:  # [M, R, T]
+    fn = fn or self.logprob_fn
     out = np.zeros(packed.shape, np.float32)
     for m in range(packed.num_micro):
       mb = packed.micro_batch(m)
       keys = ("tokens", "targets", "positions", "segment_ids")
-      out[m] = np.asarray(self.logprob_fn(params, self._device({k: mb[k] for k in keys})))
+      out[m] = np.asarray(fn(params, self._device({k: mb[k] for k in keys}), *self.frozen))
     return out * packed.arrays["loss_mask"]
 
   def pack(self, rollout: Rollout, step: int) -> tuple[list[PackedBatch], dict[str, float]]:
@@ -258,13 +283,16 @@ class RLTrainer:
           pb.arrays["sampler_logprobs"].copy())
       if self.ref_params is not None:
         pb.arrays["ref_logprobs"] = self._forward(self.ref_params, pb)
+      elif self.ref_logprob_fn is not None:  # LoRA: the base with adapters off
+        pb.arrays["ref_logprobs"] = self._forward(self.state.params, pb, fn=self.ref_logprob_fn)
     max_len = algo.aggregation_max_len or cfg.rollout.stage(step)[1]
     raw = []
     for epoch in range(algo.ppo_epochs):
       for k, pb in enumerate(packed):
         current_as_old = epoch == 0 and k == 0 and algo.old_logprobs == "recompute"
         step_fn = self._step_fn(pb.shape[0], max_len)
-        self.state, out = step_fn(self.state, self._device(pb.interleaved()), jnp.asarray(current_as_old))
+        self.state, out = step_fn(self.state, self._device(pb.interleaved()), *self.frozen,
+                                  jnp.asarray(current_as_old))
         raw.append(out)
     raw = jax.device_get(raw)
     updates = [_update_metrics(u) for u in raw]
@@ -276,20 +304,32 @@ class RLTrainer:
   # ------------------------------------------------------------------------------------------------
   # Evaluation, checkpoints, loop
 
-  def evaluate(self, step: int) -> dict[str, float]:
-    """Greedy completions of the first ``eval.prompts`` held-out prompts, scored by the reward."""
-    if self.heldout_prompts is None or not self.cfg.eval.prompts:
+  def evaluate(self, step: int, *, temperature: float | None = None, samples: int | None = None,
+               prefix: str = "eval") -> dict[str, float]:
+    """Completions of the first ``eval.prompts`` held-out prompts, scored by the reward.
+
+    ``temperature`` / ``samples`` override the ``eval:`` section (e.g. a greedy check next to a
+    sampled pass@1); metric names start with ``prefix``.
+    """
+    ev = self.cfg.eval
+    if self.heldout_prompts is None or not ev.prompts:
       return {}
-    k = min(self.cfg.eval.prompts, len(self.heldout_prompts))
-    idx = list(range(k))
+    if temperature is not None or samples is not None:
+      ev = dataclasses.replace(ev, temperature=ev.temperature if temperature is None else temperature,
+                               samples=ev.samples if samples is None else samples)
+    idx = list(range(min(ev.prompts, len(self.heldout_prompts))))
     sampler = self._sampler_for(step)
-    out = sampler.generate([self.heldout_prompts.ids[i].tolist() for i in idx], n=1,
-                           max_new_tokens=self._eval_max_new(step), temperature=0.0, seed=0,
+    out = sampler.generate([self.heldout_prompts.ids[i].tolist() for i in idx], n=ev.samples,
+                           max_new_tokens=self._eval_max_new(step), temperature=ev.temperature,
+                           top_p=self.cfg.rollout.top_p if ev.temperature else 1.0, seed=self.cfg.seed + 1,
                            stop_strings=self.cfg.rollout.stop_strings)
-    scored = self._score(self.heldout_prompts, idx, 1, out)
-    return {"eval/accuracy": float((scored.rewards > self.cfg.reward.correct_threshold).mean()),
-            "eval/reward_mean": float(scored.rewards.mean()),
-            "eval/length_mean": float(out.lengths.mean())}
+    scored = self._score(self.heldout_prompts, idx, ev.samples, out)
+    correct = (scored.rewards > self.cfg.reward.correct_threshold).reshape(len(idx), ev.samples)
+    metrics = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(scored.rewards.mean()),
+               f"{prefix}/length_mean": float(out.lengths.mean())}
+    if ev.samples > 1:
+      metrics[f"{prefix}/pass@{ev.samples}"] = float(correct.any(axis=1).mean())
+    return metrics
 
   def _save(self, step: int, *, force: bool = False) -> None:
     if self.checkpointer is not None:
@@ -318,7 +358,8 @@ class RLTrainer:
       start_step = self._restore()
     self._stage = cfg.rollout.stage(max(start_step, 1))[0]
     logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="rl",
-                                 show=("reward/mean", "accuracy", "eval/accuracy", "response/length_mean"),
+                                 show=("reward/mean", "accuracy", "eval/accuracy", "response/length_mean", "tok_s/rollout",
+                                       "tok_s/train"),
                                  tensorboard=cfg.tensorboard)
     results: dict[str, Any] = {"start_step": start_step}
     eval_every = cfg.eval.every
@@ -356,9 +397,13 @@ class RLTrainer:
                    rewards=[h["reward/mean"] for h in self.history],
                    accuracy=[h["accuracy"] for h in self.history])
     if last == cfg.steps and cfg.export_hf:
-      model = nnx.merge(self.graphdef, self.state.params)
-      models.save_pretrained(model, self.out_dir / "hf", tokenizer=self.tokenizer)
+      model = self.current_model()
+      models.save_pretrained(models.merged_base(model) if cfg.lora is not None else model, self.out_dir / "hf",
+                             tokenizer=self.tokenizer)
       results["hf_dir"] = str(self.out_dir / "hf")
+      if cfg.lora is not None:
+        models.save_peft(model, self.out_dir / "adapter")
+        results["adapter_dir"] = str(self.out_dir / "adapter")
     (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 

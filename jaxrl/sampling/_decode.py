@@ -37,9 +37,9 @@ def _project(attn, x: jax.Array, positions: jax.Array):  # [B, 1, D] -> q [B, 1,
   """The model's q/k/v projections, bias, Qwen3 q/k norm and RoPE (as in ``Attention.__call__``)."""
   cfg = attn.cfg
   dt = cfg.jnp_dtype
-  q = jnp.einsum("btd,dnh->btnh", x, attn.q_proj[...].astype(dt))
-  k = jnp.einsum("btd,dkh->btkh", x, attn.k_proj[...].astype(dt))
-  v = jnp.einsum("btd,dkh->btkh", x, attn.v_proj[...].astype(dt))
+  q = models.add_lora(attn, "q_proj", x, jnp.einsum("btd,dnh->btnh", x, attn.q_proj[...].astype(dt)))
+  k = models.add_lora(attn, "k_proj", x, jnp.einsum("btd,dkh->btkh", x, attn.k_proj[...].astype(dt)))
+  v = models.add_lora(attn, "v_proj", x, jnp.einsum("btd,dkh->btkh", x, attn.v_proj[...].astype(dt)))
   if attn.q_bias is not None:
     q = q + attn.q_bias[...].astype(dt)
     k = k + attn.k_bias[...].astype(dt)
@@ -96,7 +96,8 @@ def decode_step(
   cache_start=pos)`` when every row's cache holds its sequence in slots ``[0, pos)``.
 
   Args:
-    model: a merged :class:`jaxrl.models.Transformer`.
+    model: a merged :class:`jaxrl.models.Transformer` (``nnx.merge``d, not a graph): with LoRA
+      adapters unmerged, their ``s·(x·A)·B`` terms are added as in the model's forward pass.
     token: ``[B]`` token ids.
     pos: ``[B]`` positions (= slots).
     cache: the KV cache.
@@ -119,7 +120,8 @@ def decode_step(
     v_l = _write(v_l, v[:, 0], pos)
     out = attend(q[:, 0], k_l.astype(dt), v_l.astype(dt), lengths)  # [B, N, H]
     n, h, d = attn.o_proj.shape  # contract over (n, h) as one flat axis: no per-step transposed copy
-    x = x + (out.reshape(-1, n * h) @ attn.o_proj[...].astype(dt).reshape(n * h, d))[:, None]
+    y = (out.reshape(-1, n * h) @ attn.o_proj[...].astype(dt).reshape(n * h, d))[:, None]  # [B, 1, D]
+    x = x + models.add_lora(attn, "o_proj", out[:, None], y)  # unmerged adapters: y + s·(out·A)·B
     x = x + block.mlp(block.mlp_norm(x))
     return x, k_l, v_l
 

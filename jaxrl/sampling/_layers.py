@@ -23,10 +23,19 @@ def _key(p):
   return p.key if hasattr(p, "key") else p
 
 
+def _abstract_flat(cfg: models.ModelConfig, lora: models.LoraConfig | None, lora_merged: bool):
+  model = models.abstract_model(dataclasses.replace(cfg, scan_layers=False))
+  if lora is not None:  # the same adapters, one pair of factors per layer (shapes only)
+    models.apply_lora(model, lora)
+    for block in model.layers:
+      block.attn.lora_merged = block.mlp.lora_merged = lora_merged
+  return model
+
+
 @functools.lru_cache(maxsize=16)
-def _unstack_fn(graphdef, cfg: models.ModelConfig, mesh: Mesh | None, rules: LogicalRules | None):
-  flat_cfg = dataclasses.replace(cfg, scan_layers=False)
-  flat_graphdef, abs_state = nnx.split(models.abstract_model(flat_cfg))
+def _unstack_fn(graphdef, cfg: models.ModelConfig, mesh: Mesh | None, rules: LogicalRules | None,
+                lora: models.LoraConfig | None = None, lora_merged: bool = False):
+  flat_graphdef, abs_state = nnx.split(_abstract_flat(cfg, lora, lora_merged))
   paths = [tuple(_key(p) for p in path) for path, _ in nnx.to_flat_state(abs_state)]
   shardings = [v.get_value() for _, v in nnx.to_flat_state(models.state_shardings(abs_state, mesh, rules))]
 
@@ -46,7 +55,8 @@ def unstack_layers(model, *, mesh: Mesh | None = None, rules: LogicalRules | Non
   """``model`` with ``scan_layers=False`` and one parameter array per block (values copied).
 
   Args:
-    model: a :class:`jaxrl.models.Transformer`; returned unchanged if it is not scanned.
+    model: a :class:`jaxrl.models.Transformer`; returned unchanged if it is not scanned. LoRA
+      factors are unstacked like the weights they adapt (merged or not, as in ``model``).
     mesh, rules: placement of the per-layer arrays (default: one device).
 
   Returns:
@@ -56,7 +66,10 @@ def unstack_layers(model, *, mesh: Mesh | None = None, rules: LogicalRules | Non
   if not cfg.scan_layers:
     return model
   graphdef, state = nnx.split(model)
-  flat_graphdef, abs_state, fn = _unstack_fn(graphdef, cfg, mesh, rules)
+  lora = getattr(model, "lora_config", None)
+  merged = lora is not None and bool(getattr(model.layers.attn, "lora_merged", False)
+                                     or getattr(model.layers.mlp, "lora_merged", False))
+  flat_graphdef, abs_state, fn = _unstack_fn(graphdef, cfg, mesh, rules, lora, merged)
   stacked = {tuple(_key(p) for p in path): v.get_value() for path, v in nnx.to_flat_state(state)}
   values = fn(stacked)
   leaves = [(path, var.replace(x)) for (path, var), x in zip(nnx.to_flat_state(abs_state), values)]

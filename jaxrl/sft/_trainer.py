@@ -22,16 +22,8 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0, "TP
 """Dense bf16 peak TFLOP/s per device kind, for the MFU estimate (none for CPU)."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BuiltinData:
-  """The built-in arithmetic task (written to ``out_dir/data`` as JSONL, then read like any file)."""
-
-  n_train: int = 4000
-  n_heldout: int = 64
-  difficulty: int = 2
-  "jaxrl.data.ArithmeticConfig.level: 0 = one-digit a+b ... 4 = four terms up to 99."
-  num_turns: int = 1
-  seed: int = 0
+BuiltinData = data_lib.BuiltinTask
+"""``data.builtin``: the built-in arithmetic task (written to ``out_dir/data`` as JSONL, then read like any file)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -115,9 +107,8 @@ def _resolve_data(cfg: SFTConfig, out_dir: Path) -> tuple[tuple[str, ...], tuple
   if cfg.data.train:
     return cfg.data.train, cfg.data.heldout
   b = cfg.data.builtin
-  task = data_lib.ArithmeticConfig.level(b.difficulty, num_turns=b.num_turns)
   paths = data_lib.write_arithmetic_splits(out_dir / "data", n_train=b.n_train, n_heldout=b.n_heldout,
-                                           seed=b.seed, config=task)
+                                           seed=b.seed, config=b.task)
   return (str(paths["train"]),), (str(paths["heldout"]),)
 
 

@@ -37,8 +37,13 @@ class MetricsLogger:
         TextColumn(f"[bold]{desc}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=False)
     self._task = self._progress.add_task(desc, total=total_steps, info="")
-    self._progress.start()
+    self._desc = desc
+    self._live = self.console.is_terminal
+    if self._live:
+      self._progress.start()
     self._start = time.perf_counter()
+    self._last_line = -math.inf
+    self._first_step: int | None = None
 
   def log(self, step: int, metrics: dict[str, float]) -> None:
     clean = {k: float(v) for k, v in metrics.items()}
@@ -50,12 +55,31 @@ class MetricsLogger:
     self._jsonl.flush()
     info = "  ".join(f"{k}={_fmt(clean[k])}" for k in self.show if k in clean)
     self._progress.update(self._task, completed=step, info=info)
+    if not self._live:
+      self._plain_progress(step, info)
+
+  def _plain_progress(self, step: int, info: str) -> None:
+    """Without a terminal (CI logs, ``nohup``) rich draws nothing until the end: print a line every
+    ~10 s and at the last step instead, with step, the shown metrics, elapsed time and ETA."""
+    now = time.perf_counter()
+    if self._first_step is None:
+      self._first_step, self._first_time = step, now
+    if now - self._last_line < 10.0 and step < self.total_steps:
+      return
+    self._last_line = now
+    elapsed = now - self._start
+    done = step - self._first_step
+    eta = (now - self._first_time) / done * (self.total_steps - step) if done > 0 else math.nan
+    eta_txt = "?" if not math.isfinite(eta) else f"{eta:.0f}s"
+    self.console.print(f"{self._desc} {step}/{self.total_steps}  {info}  elapsed {elapsed:.0f}s  eta {eta_txt}",
+                       highlight=False, soft_wrap=True)
 
   def note(self, text: str) -> None:
     self._progress.console.print(text)
 
   def close(self, title: str = "summary") -> Path | None:
-    self._progress.stop()
+    if self._live:
+      self._progress.stop()
     self._jsonl.close()
     if self._tb is not None:
       self._tb.close()

@@ -244,3 +244,27 @@ def test_model_cache_path_with_scanned_layers_matches_hf(fixture_models, qwen3_r
                              unstack_layers=False)
   out = sampler.generate(qwen3_reference["prompt"], max_new_tokens=NEW, temperature=0.0)
   np.testing.assert_array_equal(out.tokens, qwen3_reference["tokens"])
+
+
+@pytest.mark.parametrize("decode_impl", ["kernel", "model"])
+def test_unmerged_lora_adapters_sample_like_their_merged_weights(decode_impl, qwen3_reference):
+  """Both decode paths add s·(x·A)·B of every adapter (attention and MLP): the same tokens and
+  log-probs as the merged model, and different ones from the base alone."""
+  base = models.load_pretrained(HF_FIXTURES / "qwen3", dtype="float32")
+  adapted = models.apply_lora(models.load_pretrained(HF_FIXTURES / "qwen3", dtype="float32"),
+                              models.LoraConfig(rank=4, alpha=32), seed=0)
+  graphdef, adapters, frozen = models.split_lora(adapted)
+  rng = np.random.default_rng(0)
+  adapters = nnx.map_state(lambda path, v: v.replace(jax.numpy.asarray(rng.normal(0.0, 0.05, v.shape), v.dtype))
+                           if str(path[-1]).endswith("_lora_b") else v, adapters)
+  adapted = nnx.merge(graphdef, adapters, frozen)
+  prompt = qwen3_reference["prompt"]
+  runs = {}
+  for name, model in [("lora", adapted), ("merged", models.merged_base(adapted)), ("base", base)]:
+    sampler = sampling.Sampler(model, None, max_len=64, eos_token_ids=[], decode_impl=decode_impl)
+    runs[name] = sampler.generate(prompt, max_new_tokens=NEW, temperature=1.0, seed=3)
+  np.testing.assert_array_equal(runs["lora"].tokens, runs["merged"].tokens)
+  np.testing.assert_allclose(runs["lora"].logprobs, runs["merged"].logprobs, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(runs["lora"].logprobs, recomputed_logprobs(adapted, prompt, runs["lora"].tokens, 1.0),
+                             atol=1e-5, rtol=0)
+  assert not np.array_equal(runs["lora"].tokens, runs["base"].tokens)
