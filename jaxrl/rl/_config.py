@@ -114,9 +114,13 @@ class RolloutConfig:
   "DAPO soft overlong punishment; null disables it."
   decode_impl: Literal["kernel", "model"] = "kernel"
   "Sampler decode path (jaxrl.sampling.Sampler)."
+  reward_overlap_chunks: int = 1
+  ("Generate each round in this many prompt chunks; a chunk's rewards are scored in the pool while the "
+   "next chunk generates (pays off for slow rewards such as the code sandbox). 1: generate all, then score. "
+   "Samples do not depend on it (per-row PRNG keys).")
 
   def __post_init__(self):
-    for key in ("prompts_per_step", "n", "max_new_tokens", "max_rounds"):
+    for key in ("prompts_per_step", "n", "max_new_tokens", "max_rounds", "reward_overlap_chunks"):
       if getattr(self, key) < 1:
         raise ValueError(f"rollout.{key} must be >= 1, got {getattr(self, key)!r}")
     if self.temperature <= 0:

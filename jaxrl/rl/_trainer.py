@@ -145,34 +145,53 @@ class RLTrainer:
       self.sampler.set_weights(model, version=version)
     return self.sampler
 
-  def _score(self, prompts: EncodedPrompts, idx: list[int], n: int, out: sampling.SampleOutput):
+  def _submit(self, prompts: EncodedPrompts, idx: list[int], n: int, texts: list[str], *, offset: int) -> list[int]:
+    """Schedules the rewards of completions ``texts`` (rows ``i·n + j`` of prompts ``idx``) in the
+    pool under indices ``offset, offset + 1, ...`` and returns them (collect with ``rewards.collect``)."""
     rows = [i for i in idx for _ in range(n)]
     fields = [reward_fields(prompts.records[i]) for i in rows]
-    keys = sorted({k for f in fields for k in f})
-    columns = {k: [f.get(k) for f in fields] for k in keys}
-    return self.rewards.score([prompts.texts[i] for i in rows], out.texts, **columns)
+    keys = sorted({k for f in fields for k in f})  # every sample gets every column (None where absent)
+    return [self.rewards.submit(prompts.texts[i], text, index=offset + k, **{c: f.get(c) for c in keys})
+            for k, (i, text, f) in enumerate(zip(rows, texts, fields))]
+
+  def _score(self, prompts: EncodedPrompts, idx: list[int], n: int, out: sampling.SampleOutput):
+    return self.rewards.collect(self._submit(prompts, idx, n, out.texts, offset=0))
 
   def _generate(self, sampler, idx: list[int], request_ids: list[int], *, max_new: int, n: int) -> tuple[Rollout, dict]:
+    """Generates and scores one round. With ``rollout.reward_overlap_chunks > 1`` the prompts are
+    generated in chunks and each chunk's rewards run in the pool while the next chunk generates."""
     r = self.cfg.rollout
     t0 = time.perf_counter()
-    out = sampler.generate([self.train_prompts.ids[i].tolist() for i in idx], n=n, max_new_tokens=max_new,
-                           temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
-                           request_ids=request_ids, stop_strings=r.stop_strings)
+    chunks = [c for c in np.array_split(np.arange(len(idx)), min(r.reward_overlap_chunks, len(idx))) if len(c)]
+    outs, submitted = [], []
+    for c in chunks:
+      part = [idx[k] for k in c]
+      out = sampler.generate([self.train_prompts.ids[i].tolist() for i in part], n=n, max_new_tokens=max_new,
+                             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
+                             request_ids=[request_ids[k] for k in c], stop_strings=r.stop_strings)
+      submitted += self._submit(self.train_prompts, part, n, out.texts, offset=len(submitted))
+      outs.append(out)
     t1 = time.perf_counter()
-    scored = self._score(self.train_prompts, idx, n, out)
+    scored = self.rewards.collect(submitted)  # waits only for what is still running
     t2 = time.perf_counter()
+    tokens = np.concatenate([o.tokens for o in outs])
+    logprobs = np.concatenate([o.logprobs for o in outs])
+    lengths = np.concatenate([o.lengths for o in outs])
+    finish = [f for o in outs for f in o.finish_reason]
+    texts = [t for o in outs for t in o.texts]
     task = scored.rewards.astype(np.float32)
     rewards = task
     if r.overlong_penalty is not None:
       pen = r.overlong_penalty
       rewards = task + np.asarray(losses.dapo_overlong_penalty(
-          out.lengths, max_len=pen.max_len or max_new, cache_len=pen.cache_len), np.float32)
+          lengths, max_len=pen.max_len or max_new, cache_len=pen.cache_len), np.float32)
     rollout = Rollout(
-        prompt_ids=tuple(self.train_prompts.ids[i] for i in idx for _ in range(n)), tokens=out.tokens,
-        logprobs=out.logprobs, lengths=out.lengths.astype(np.int32),
-        truncated=np.asarray([f == "length" for f in out.finish_reason]),
+        prompt_ids=tuple(self.train_prompts.ids[i] for i in idx for _ in range(n)), tokens=tokens,
+        logprobs=logprobs, lengths=lengths.astype(np.int32),
+        truncated=np.asarray([f == "length" for f in finish]),
         group_ids=np.repeat(np.arange(len(idx), dtype=np.int32), n), rewards=rewards.astype(np.float32),
-        task_rewards=task, texts=tuple(out.texts))
+        task_rewards=task, texts=tuple(texts))
+    # time_reward: the wait for rewards after the last chunk generated (all of scoring without overlap).
     info = {"time_generate": t1 - t0, "time_reward": t2 - t1, "reward_errors": float(len(scored.errors))}
     return rollout, info
 

@@ -38,3 +38,14 @@ def starts_with_digit(prompt, completion, **_):
   """Sparse 0/1: many groups of a random policy get all-equal rewards (dynamic sampling drops them)."""
   del prompt
   return float(bool(completion) and completion[0].isdigit())
+
+
+REWARD_STARTS: list[float] = []
+"""``time.monotonic()`` at the start of every :func:`timed_digit_fraction` call (thread executor)."""
+
+
+def timed_digit_fraction(prompt, completion, **fields):
+  """:func:`digit_fraction`, recording when each call starts."""
+  import time
+  REWARD_STARTS.append(time.monotonic())
+  return digit_fraction(prompt, completion, **fields)

@@ -131,3 +131,32 @@ def test_context_lengthening_restarts_each_stage_from_a_checkpoint_and_resumes(t
   assert second.history[0]["response/length_max"] > 8 and second.sampler.max_len == 32 + 16
   assert second.stream.get_state()["drawn"] == 3 * 4
   assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [1, 2, 3]
+
+
+def test_chunked_rollout_scores_a_chunk_while_the_next_generates_and_draws_the_same_samples(tmp_path):
+  """``reward_overlap_chunks``: rewards of chunk 1 start before chunk 2 is generated; the rollout is
+  the one an unchunked round draws (per-row PRNG keys), rewards included."""
+  import rl_testlib
+  rollouts = {}
+  for chunks in (1, 2):
+    cfg = make_config(tmp_path / str(chunks), **{"reward.fn": "rl_testlib:timed_digit_fraction",
+                                                 "rollout.reward_overlap_chunks": chunks, "rollout.prompts_per_step": 4})
+    trainer = rl.RLTrainer(cfg)
+    ends = []
+    sampler = trainer._sampler_for(1)
+    generate = sampler.generate
+    sampler.generate = lambda *a, **k: (generate(*a, **k), ends.append(__import__("time").monotonic()))[0]
+    rl_testlib.REWARD_STARTS.clear()
+    try:
+      rollouts[chunks], info = trainer.collect(1)
+    finally:
+      trainer.close()
+    assert len(ends) == chunks and len(rl_testlib.REWARD_STARTS) == 4 * cfg.rollout.n
+    if chunks == 2:
+      assert min(rl_testlib.REWARD_STARTS) < ends[1], "no reward started before the second chunk finished"
+  one, two = rollouts[1], rollouts[2]
+  np.testing.assert_array_equal(one.tokens, two.tokens)
+  np.testing.assert_array_equal(one.lengths, two.lengths)
+  np.testing.assert_allclose(one.logprobs, two.logprobs, atol=1e-5)
+  np.testing.assert_array_equal(one.rewards, two.rewards)
+  np.testing.assert_array_equal(one.group_ids, two.group_ids)
