@@ -52,8 +52,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         return _convert(arg, value, key)
       except ConfigError as e:
         errors.append(str(e))
-    non_none = [a for a in args if a is not type(None)]
-    if len(errors) == 1 and len(non_none) == 1:  # `X | None`: X's own error says what is wrong
+    if len(errors) == 1:  # `X | None`: X's own error says what is wrong
       raise ConfigError(errors[0])
     raise ConfigError(f"{key}: {_describe(value)} matches none of {tp}" + "".join(f"\n  - {e}" for e in errors))
   if origin is Literal:

@@ -77,8 +77,8 @@ def sft_records(n: int, *, seed: int, alt_fraction: float | None = None) -> list
   """Built-in train-split problems; a seeded ``alt_fraction`` (default :data:`ALT_FORMAT_FRACTION`)
   of them end ``The answer is v.``."""
   import numpy as np
-  alt_fraction = ALT_FORMAT_FRACTION if alt_fraction is None else alt_fraction
   from jaxrl import data as data_lib
+  alt_fraction = ALT_FORMAT_FRACTION if alt_fraction is None else alt_fraction
   records = data_lib.generate_arithmetic(n, seed=seed, split="train",
                                          config=data_lib.ArithmeticConfig.level(DIFFICULTY))
   alt = np.random.default_rng([seed, 1]).random(n) < alt_fraction
@@ -97,11 +97,9 @@ def any_format_accuracy(trainer, step: int) -> float:
 
   The reward (and ``eval/accuracy``) accepts only ``Answer: v``; the gap between the two is the
   format GRPO learned."""
-  prompts = trainer.heldout_prompts
-  idx = list(range(min(trainer.cfg.eval.prompts, len(prompts))))
-  out = trainer._sampler_for(step).generate([prompts.ids[i].tolist() for i in idx], n=1,
-                                            max_new_tokens=trainer.cfg.rollout.max_new_tokens, temperature=0.0)
-  hits = [(m := _ANY_FORMAT.search(text)) is not None and m.group(1) == prompts.records[i]["answer"]
+  idx, out, _ = trainer.eval_completions(step, temperature=0.0, samples=1)
+  records = trainer.heldout_prompts.records
+  hits = [(m := _ANY_FORMAT.search(text)) is not None and m.group(1) == records[i]["answer"]
           for i, text in zip(idx, out.texts)]
   return sum(hits) / max(len(hits), 1)
 

@@ -294,7 +294,7 @@ def merge_lora(model: Transformer) -> Transformer:
   """
   if not has_lora(model):
     raise ValueError("model has no LoRA adapters to merge")
-  if _merged(model):
+  if has_merged_lora(model):
     raise ValueError("LoRA adapters are already merged")
   _fold(model, +1.0)
   return model
@@ -304,13 +304,14 @@ def unmerge_lora(model: Transformer) -> Transformer:
   """Undoes :func:`merge_lora`: ``W <- W - s·A·B`` (in place); the forward uses the adapters again."""
   if not has_lora(model):
     raise ValueError("model has no LoRA adapters to unmerge")
-  if not _merged(model):
+  if not has_merged_lora(model):
     raise ValueError("LoRA adapters are not merged")
   _fold(model, -1.0)
   return model
 
 
-def _merged(model: Transformer) -> bool:
+def has_merged_lora(model: Transformer) -> bool:
+  """Whether ``model``'s adapters are folded into its weights (:func:`merge_lora`)."""
   return any(getattr(m, "lora_merged", False) for _, _, m in _sites(model))
 
 
@@ -324,7 +325,7 @@ def merged_base(model: Transformer) -> Transformer:
   graphdef, adapters, base = split_lora(model)
   # Fresh Variables: merge reuses the state's Variable objects, and folding writes into them.
   copy = nnx.merge(graphdef, *jax.tree.map(lambda x: x, (adapters, base)))
-  if not _merged(copy):
+  if not has_merged_lora(copy):
     _fold(copy, +1.0)
   _, _, base = split_lora(copy)
   plain = nnx.eval_shape(lambda: Transformer(model.cfg, rngs=nnx.Rngs(0)))
@@ -340,7 +341,7 @@ def lora_disabled(model: Transformer | None = None):
   jitted loss); a function jitted earlier and only *called* inside keeps its compiled behaviour.
   Raises for a merged ``model`` (its weights already include the adapters).
   """
-  if model is not None and has_lora(model) and _merged(model):
+  if model is not None and has_lora(model) and has_merged_lora(model):
     raise ValueError("LoRA adapters are merged into the weights; unmerge_lora before running the base")
   token = LORA_OFF.set(True)
   try:
@@ -525,7 +526,7 @@ def load_peft(model: Transformer, path: str | os.PathLike, *, param_dtype: str =
     if (have.rank, have.modules, have.scale) != (lcfg.rank, lcfg.modules, lcfg.scale):
       raise ValueError(f"{path}: adapter (rank {lcfg.rank}, targets {list(lcfg.modules)}, scale {lcfg.scale}) does not "
                        f"match the model's (rank {have.rank}, targets {list(have.modules)}, scale {have.scale})")
-    if _merged(model):
+    if has_merged_lora(model):
       raise ValueError("LoRA adapters are merged; unmerge_lora before loading new ones")
   else:
     apply_lora(model, lcfg, rules=rules)

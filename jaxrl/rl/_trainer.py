@@ -162,7 +162,7 @@ class RLTrainer:
     generated in chunks and each chunk's rewards run in the pool while the next chunk generates."""
     r = self.cfg.rollout
     t0 = time.perf_counter()
-    chunks = [c for c in np.array_split(np.arange(len(idx)), min(r.reward_overlap_chunks, len(idx))) if len(c)]
+    chunks = np.array_split(np.arange(len(idx)), min(r.reward_overlap_chunks, len(idx)))  # none empty
     outs, submitted = [], []
     for c in chunks:
       part = [idx[k] for k in c]
@@ -323,25 +323,30 @@ class RLTrainer:
   # ------------------------------------------------------------------------------------------------
   # Evaluation, checkpoints, loop
 
-  def evaluate(self, step: int, *, temperature: float | None = None, samples: int | None = None,
-               prefix: str = "eval") -> dict[str, float]:
-    """Completions of the first ``eval.prompts`` held-out prompts, scored by the reward.
-
-    ``temperature`` / ``samples`` override the ``eval:`` section (e.g. a greedy check next to a
-    sampled pass@1); metric names start with ``prefix``.
-    """
+  def eval_completions(self, step: int, *, temperature: float | None = None, samples: int | None = None):
+    """``(prompt indices, SampleOutput, eval config)`` for the first ``eval.prompts`` held-out prompts;
+    ``temperature`` / ``samples`` override the ``eval:`` section. ``None`` without held-out prompts."""
     ev = self.cfg.eval
     if self.heldout_prompts is None or not ev.prompts:
-      return {}
+      return None
     if temperature is not None or samples is not None:
       ev = dataclasses.replace(ev, temperature=ev.temperature if temperature is None else temperature,
                                samples=ev.samples if samples is None else samples)
     idx = list(range(min(ev.prompts, len(self.heldout_prompts))))
-    sampler = self._sampler_for(step)
-    out = sampler.generate([self.heldout_prompts.ids[i].tolist() for i in idx], n=ev.samples,
-                           max_new_tokens=self._eval_max_new(step), temperature=ev.temperature,
-                           top_p=self.cfg.rollout.top_p if ev.temperature else 1.0, seed=self.cfg.seed + 1,
-                           stop_strings=self.cfg.rollout.stop_strings)
+    out = self._sampler_for(step).generate(
+        [self.heldout_prompts.ids[i].tolist() for i in idx], n=ev.samples, max_new_tokens=self._eval_max_new(step),
+        temperature=ev.temperature, top_p=self.cfg.rollout.top_p if ev.temperature else 1.0, seed=self.cfg.seed + 1,
+        stop_strings=self.cfg.rollout.stop_strings)
+    return idx, out, ev
+
+  def evaluate(self, step: int, *, temperature: float | None = None, samples: int | None = None,
+               prefix: str = "eval") -> dict[str, float]:
+    """:meth:`eval_completions` scored by the reward; metric names start with ``prefix`` (e.g. a
+    greedy check next to a sampled pass@1)."""
+    got = self.eval_completions(step, temperature=temperature, samples=samples)
+    if got is None:
+      return {}
+    idx, out, ev = got
     scored = self._score(self.heldout_prompts, idx, ev.samples, out)
     correct = (scored.rewards > self.cfg.reward.correct_threshold).reshape(len(idx), ev.samples)
     metrics = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(scored.rewards.mean()),

@@ -67,8 +67,7 @@ def unstack_layers(model, *, mesh: Mesh | None = None, rules: LogicalRules | Non
     return model
   graphdef, state = nnx.split(model)
   lora = getattr(model, "lora_config", None)
-  merged = lora is not None and bool(getattr(model.layers.attn, "lora_merged", False)
-                                     or getattr(model.layers.mlp, "lora_merged", False))
+  merged = lora is not None and models.has_merged_lora(model)
   flat_graphdef, abs_state, fn = _unstack_fn(graphdef, cfg, mesh, rules, lora, merged)
   stacked = {tuple(_key(p) for p in path): v.get_value() for path, v in nnx.to_flat_state(state)}
   values = fn(stacked)
