@@ -44,9 +44,19 @@ def cmd_info(ns: argparse.Namespace) -> int:
 @_config_args
 def cmd_sft(ns: argparse.Namespace) -> int:
   from jaxrl import config as config_lib
-  from jaxrl import sft
+  from jaxrl import sft, sharding
+  sharding.initialize()  # multi-host when JAXRL_COORDINATOR/... or JAXRL_AUTO_DISTRIBUTED=1 are set (docs/multihost.md)
   cfg = config_lib.load(sft.SFTConfig, ns.config, ns.overrides)
   sft.SFTTrainer(cfg).run()
+  return 0
+
+
+@command("latent", "Coconut: training with continuous latent thoughts (stage curriculum, ablations) and latent decoding")
+@_config_args
+def cmd_latent(ns: argparse.Namespace) -> int:
+  from jaxrl import config as config_lib
+  from jaxrl import latent
+  latent.main(config_lib.load(latent.CoconutConfig, ns.config, ns.overrides))
   return 0
 
 
@@ -64,6 +74,20 @@ def cmd_sample(ns: argparse.Namespace) -> int:
   return sample_main(ns.rest)
 
 
+@command("serve", "OpenAI-compatible HTTP server (chat/completions, streaming, logprobs) for an HF directory")
+@arg("rest", nargs=argparse.REMAINDER, help="--model DIR [--host H] [--port P] ...")
+def cmd_serve(ns: argparse.Namespace) -> int:
+  from jaxrl.serve._cli import main as serve_main
+  return serve_main(ns.rest)
+
+
+@command("plan", "AOT-compile a recipe's programs for a TPU/GPU target here; bytes per device (docs/scaling.md)")
+@arg("rest", nargs=argparse.REMAINDER, help="--config FILE --target NAME [--layers K] [--json FILE] [key=value ...]")
+def cmd_plan(ns: argparse.Namespace) -> int:
+  from jaxrl.plan import main as plan_main
+  return plan_main(ns.rest)
+
+
 @command("quickstart", "the main job: tiny model SFT warm start, then GRPO, before/after accuracy")
 @arg("rest", nargs=argparse.REMAINDER, help="options of the quickstart (see --help)")
 def cmd_quickstart(ns: argparse.Namespace) -> int:
@@ -76,6 +100,9 @@ BENCHES = {
     "sample": "jaxrl.bench.sample",
     "sft": "jaxrl.bench.sft",
     "lora": "jaxrl.bench.lora",
+    "precision": "jaxrl.bench.precision",
+    "rl": "jaxrl.bench.rl",
+    "judge": "jaxrl.bench.judge",
 }
 
 
@@ -111,25 +138,50 @@ PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {}
 _pass("rl", "jaxrl.rl._cli", "main_rl")
 _pass("sample", "jaxrl.sampling._cli", "main")
 _pass("quickstart", "jaxrl.quickstart", "main")
+_pass("plan", "jaxrl.plan", "main")
+_pass("serve", "jaxrl.serve._cli", "main")
+
+
+def _user_error(e: BaseException) -> str | None:
+  """``"config error"``, ``"data error"`` or ``"error"`` for a mistake in the user's config, data or
+  paths; None for anything else (a bug keeps its traceback)."""
+  from jaxrl.config import ConfigError
+  from jaxrl.data._sources import DataError
+  if isinstance(e, ConfigError):
+    return "config error"
+  if isinstance(e, DataError):
+    return "data error"
+  if isinstance(e, FileNotFoundError):
+    return "error"
+  return None
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Runs a command; user errors (config, data, missing files) end with one line on stderr and status 2."""
   argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    return _main(argv)
+  except Exception as e:  # noqa: BLE001  (re-raised unless it is the user's mistake)
+    kind = _user_error(e)
+    if kind is None:
+      raise
+    print(f"jaxrl {argv[0] if argv else ''}: {kind}: {e}", file=sys.stderr)
+    return 2
+
+
+def _main(argv: list[str]) -> int:
+  from jaxrl import _cache
+  argv = _cache.from_argv(argv)  # a leading --xla-cache DIR|off; the persistent compilation cache is on
   # Commands that parse their own options get the rest of the line untouched (argparse would
   # otherwise take a leading `--model` or `--config` for an option of `jaxrl` itself).
   if argv and argv[0] in PASSTHROUGH:
     return PASSTHROUGH[argv[0]](argv[1:])
-  parser = argparse.ArgumentParser(prog="jaxrl", description="JAX-native LLM post-training")
+  parser = argparse.ArgumentParser(prog="jaxrl", description="JAX-native LLM post-training", epilog=_cache.HELP)
   sub = parser.add_subparsers(dest="command", required=True)
   for name, (help_text, add_args, _) in COMMANDS.items():
     add_args(sub.add_parser(name, help=help_text, description=help_text))
   ns = parser.parse_args(argv)
-  from jaxrl.config import ConfigError
-  try:
-    return COMMANDS[ns.command][2](ns)
-  except ConfigError as e:
-    print(f"jaxrl {ns.command}: config error: {e}", file=sys.stderr)
-    return 2
+  return COMMANDS[ns.command][2](ns)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 import typing
 from pathlib import Path
@@ -125,6 +126,56 @@ def from_dict(cls: type[T], data: dict[str, Any], *, prefix: str = "") -> T:
     if isinstance(e, ConfigError):
       raise
     raise ConfigError(f"{prefix or cls.__name__}: {e}") from e
+
+
+def check_kwargs(fn: Any, kwargs: dict[str, Any], *, key: str, reserved: frozenset[str] | set[str] = frozenset(),
+                 what: str | None = None, extra_ok: bool | None = None) -> None:
+  """Checks config-given keyword arguments against ``fn``'s signature, naming the offending key.
+
+  A key must be a keyword parameter of ``fn`` that is not in ``reserved`` (inputs the caller
+  supplies itself), and its value must match the parameter's annotation (same rules as
+  :func:`from_dict`; a mapping for a dataclass-typed parameter is checked field by field). A key
+  that only a ``**`` parameter would take counts as unknown when that parameter's name starts with
+  ``_`` (``**_``: ignored), and is accepted for any other name (``**fields``: forwarded).
+
+  Args:
+    fn: the function the keywords will be bound to.
+    kwargs: the keywords from the config.
+    key: the config key holding ``kwargs`` (``algorithm.advantage_kwargs``), used in messages.
+    reserved: parameter names the caller passes itself.
+    what: how to call ``fn`` in messages (default its ``__name__``).
+    extra_ok: whether ``fn``'s ``**`` parameter takes config keys; default by its name as above.
+
+  Raises:
+    ConfigError: unknown or reserved key, or a value of the wrong type.
+  """
+  if not isinstance(kwargs, dict):
+    raise ConfigError(f"{key}: expected a mapping, got {_describe(kwargs)}")
+  what = what or getattr(fn, "__name__", repr(fn))
+  params = inspect.signature(fn).parameters
+  named = {n: p for n, p in params.items()
+           if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in reserved}
+  var_kw = next((p for p in params.values() if p.kind is p.VAR_KEYWORD), None)
+  open_kw = var_kw is not None and (not var_kw.name.startswith("_") if extra_ok is None else extra_ok)
+  try:
+    hints = get_type_hints(fn)
+  except Exception:  # unresolvable annotations: check names only
+    hints = {}
+  for name, value in kwargs.items():
+    sub = f"{key}.{name}"
+    if name in reserved:
+      raise ConfigError(f"{sub}: {name!r} is an input of {what} (an array the caller passes), not an option")
+    if name not in named:
+      if open_kw:
+        continue
+      raise ConfigError(f"unknown config key {sub!r}: {what} takes no {name!r}; valid keys: {sorted(named)}")
+    if name in hints:
+      tp = hints[name]
+      classes = [a for a in (get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)]
+      if isinstance(value, dict) and len(classes) == 1:  # `Config | dict`: check the mapping's fields too
+        from_dict(classes[0], value, prefix=sub)
+      else:
+        _convert(tp, value, sub)
 
 
 def to_dict(cfg: Any) -> Any:

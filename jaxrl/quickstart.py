@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 TINY_MODEL = {"preset": "tiny", "overrides": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 192,
-                                              "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}}
+                                              "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+                                              "dtype": "float32", "param_dtype": "float32"}}
 DIFFICULTY = 2
 ALT_FORMAT_FRACTION = 0.7
 """Share of SFT demonstrations ending ``The answer is v.`` rather than ``Answer: v``."""
@@ -54,7 +55,8 @@ SFT = {
 RL = {
     "data": {"builtin": {"n_train": 2000, "n_heldout": 128, "difficulty": DIFFICULTY, "seed": 1},
              "max_prompt_tokens": 32},
-    "rollout": {"prompts_per_step": 16, "n": 8, "max_new_tokens": 32, "temperature": 1.0},
+    "rollout": {"prompts_per_step": 16, "n": 8, "max_new_tokens": 32, "temperature": 1.0,
+                "engine": {"num_slots": 64, "kv_cache_bytes": 4194304, "block_size": 16}},
     "reward": {"fn": "jaxrl.rl:arithmetic_reward", "correct_threshold": 0.5},
     "algorithm": {"advantage": "grpo", "objective": "ppo_clip", "aggregation": "token_mean",
                   "old_logprobs": "recompute", "ppo_epochs": 1, "mini_batches": 2, "kl_coef": 0.1},

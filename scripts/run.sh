@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test]"
+  # Tested versions (requirements/constraints.txt pins every extra, so extras added here stay pinned).
+  .venv/bin/python -m pip install -q -c requirements/constraints.txt -e ".[test,plan]"
 fi
 cmd=${1:-}
 shift || true

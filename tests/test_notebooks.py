@@ -86,3 +86,35 @@ def test_committed_notebook_has_no_outputs():
   assert code
   for cell in code:
     assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
+
+
+COCONUT_NOTEBOOK = ROOT / "notebooks" / "coconut.ipynb"
+
+
+@pytest.mark.slow
+def test_coconut_notebook_runs_and_prints_the_comparison(python3_kernel):
+  nb = nbformat.read(COCONUT_NOTEBOOK, as_version=4)
+  client = NotebookClient(nb, timeout=600, kernel_name=python3_kernel,
+                          resources={"metadata": {"path": str(COCONUT_NOTEBOOK.parent)}})
+  start = time.time()
+  client.execute()
+  print(f"notebook executed in {time.time() - start:.1f} s")
+  errors = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+            if out.output_type == "error"]
+  assert not errors, errors
+  text = "".join(out.get("text", "") for out in nb.cells[-2].outputs)
+  rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+  assert [row.split("|")[1].strip() for row in rows] == [
+      "no_cot", "cot", "coconut", "no_curriculum", "no_thought", "pause_as_thought"], text
+  for row in rows:
+    accuracy, tokens = (float(x) for x in row.split("|")[2:4])
+    assert 0.0 <= accuracy <= 1.0 and tokens >= 1.0, row
+
+
+def test_committed_coconut_notebook_has_no_outputs():
+  nb = nbformat.read(COCONUT_NOTEBOOK, as_version=4)
+  nbformat.validate(nb)
+  assert nb.metadata.kernelspec.name == "python3"
+  for cell in nb.cells:
+    if cell.cell_type == "code":
+      assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]

@@ -14,7 +14,15 @@ prompts (same batch, same lengths, no eos). Measured, after a warm-up that compi
   completion lengths, temperatures, top-p, top-k) on the tiny model, against the number of
   distinct (prompt, completion) length buckets.
 
-Prints a table and writes JSON. Needs torch (not a jaxrl dependency).
+With ``--long-tail N`` (default 64): N prompts whose completion lengths are log-normal (the longest
+at least 8x the median; no eos, so every row ends exactly at its length), generated once by each of
+the rollout engine (:class:`jaxrl.sampling.Engine`, per-row lengths, continuous batching), the
+whole-batch sampler (every row runs to the longest length; only each row's own tokens count) and,
+when torch is installed, HF transformers (``generate_batch`` where it exists, else ``generate``, a
+whole batch like the sampler). Reported: real (counted) tokens per second of each, after a warm-up
+pass that compiles.
+
+Prints a table and writes JSON. The HF columns need torch (not a jaxrl dependency).
 """
 
 from __future__ import annotations
@@ -113,6 +121,87 @@ def _bench_stream(num: int, seed: int) -> dict:
               seconds=elapsed)
 
 
+def _bench_long_tail(num: int, *, n: int, median: int, slots: int, seed: int) -> dict:
+  from jaxrl import models, sampling
+
+  cfg = models.ModelConfig.tiny(vocab_size=512)
+  model = models.init_model(cfg, seed=seed)
+  rng = np.random.default_rng(seed)
+  prompts = [rng.integers(0, cfg.vocab_size, size=int(k)).tolist() for k in rng.integers(8, 33, size=num)]
+  lengths = np.clip(np.round(rng.lognormal(np.log(median), 1.0, size=num)), 1, None).astype(int)
+  lengths[int(np.argmax(lengths))] = max(int(lengths.max()), 8 * int(np.median(lengths)))
+  longest = int(lengths.max())
+  max_len = 33 + longest
+  real = int(lengths.sum()) * n
+  engine = sampling.Engine(model, None, num_slots=slots, max_len=max_len, block_size=16,
+                           num_blocks=slots * (-(-max_len // 16) + 1), eos_token_ids=[])
+  sampler = sampling.Sampler(model, None, max_len=max_len, eos_token_ids=[])
+  requests = [sampling.Request(prompt=p, n=n, max_new_tokens=int(k), temperature=1.0, request_id=i)
+              for i, (p, k) in enumerate(zip(prompts, lengths))]
+
+  def run_engine():
+    engine.submit(requests)
+    return sum(len(c.tokens) for c in engine.completions())
+
+  def run_sampler():
+    out = sampler.generate(prompts, n=n, max_new_tokens=longest, temperature=1.0)
+    return int(np.minimum(out.lengths, np.repeat(lengths, n)).sum())
+
+  timings = {}
+  for name, fn in (("engine", run_engine), ("whole_batch", run_sampler)):
+    fn()  # warm-up: compiles
+    t = time.perf_counter()
+    got = fn()
+    timings[name] = time.perf_counter() - t
+    assert got == real, (name, got, real)
+  hf = _hf_long_tail(model, prompts, lengths, n) if _has_torch() else None
+  res = dict(prompts=num, n=n, median=int(np.median(lengths)), longest=longest, real_tokens=real, slots=slots,
+             engine_s=timings["engine"], whole_batch_s=timings["whole_batch"],
+             engine_tok_s=real / timings["engine"], whole_batch_tok_s=real / timings["whole_batch"],
+             engine_stats=engine.stats(), hf=hf)
+  res["engine_over_whole_batch"] = res["engine_tok_s"] / res["whole_batch_tok_s"]
+  return res
+
+
+def _has_torch() -> bool:
+  try:
+    import torch  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+def _hf_long_tail(model, prompts, lengths, n) -> dict:
+  import torch
+  import transformers
+
+  from jaxrl import models
+  with tempfile.TemporaryDirectory() as tmp:
+    models.save_pretrained(model, tmp)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+  hf.eval()
+  longest = int(max(lengths))
+  method = "generate_batch" if hasattr(hf, "generate_batch") else "generate"
+
+  def run():
+    with torch.no_grad():
+      if method == "generate_batch":
+        cfg = transformers.GenerationConfig(max_new_tokens=longest, do_sample=True, eos_token_id=None, pad_token_id=0)
+        hf.generate_batch([p for p in prompts for _ in range(n)], generation_config=cfg)
+      else:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts for _ in range(n)])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts for _ in range(n)])
+        hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=longest,
+                    min_new_tokens=longest, eos_token_id=None, pad_token_id=0)
+
+  t = time.perf_counter()
+  run()
+  sec = time.perf_counter() - t
+  real = int(sum(lengths)) * n
+  return dict(method=method, seconds=sec, tok_s=real / sec)
+
+
 def main(argv: list[str] | None = None) -> int:
   """Runs the benchmark; returns the exit status."""
   p = argparse.ArgumentParser(prog="jaxrl bench sample", description=__doc__.splitlines()[0])
@@ -123,30 +212,38 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--new-tokens-large", type=int, default=16, help="new tokens for the larger shapes")
   p.add_argument("--repeats", type=int, default=3, help="timed repeats (the best is kept)")
   p.add_argument("--stream", type=int, default=50, help="requests in the compile-count stream (0 = skip)")
+  p.add_argument("--long-tail", type=int, default=64, help="prompts in the long-tail run (0 = skip)")
+  p.add_argument("--long-tail-n", type=int, default=2, help="samples per prompt in the long-tail run")
+  p.add_argument("--long-tail-median", type=int, default=16, help="median completion length of the long-tail run")
+  p.add_argument("--slots", type=int, default=16, help="engine decode slots in the long-tail run")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="bench_sample.json", help="JSON output path")
   args = p.parse_args(argv)
 
   import jax
-  import torch
 
   shapes = [s for s in args.shapes.split(",") if s]
   unknown = set(shapes) - set(SHAPES)
   if unknown:
     p.error(f"unknown shapes {sorted(unknown)}; choose from {SHAPES}")
   threads = os.cpu_count() or 1
-  torch.set_num_threads(threads)
+  if shapes or _has_torch():
+    import torch
+    torch.set_num_threads(threads)
   results = []
   for name in shapes:
     new = args.new_tokens if name == "tiny" else args.new_tokens_large
     results.append(_bench_shape(name, batch=args.batch, prompt_len=args.prompt_len, new_tokens=new,
                                 repeats=args.repeats, seed=args.seed))
   stream = _bench_stream(args.stream, args.seed) if args.stream else None
+  tail = (_bench_long_tail(args.long_tail, n=args.long_tail_n, median=args.long_tail_median, slots=args.slots,
+                           seed=args.seed) if args.long_tail else None)
   report = dict(
       date=datetime.datetime.now().isoformat(timespec="seconds"), machine=platform.platform(),
       processor=platform.processor(), cpus=threads, load_avg=list(os.getloadavg()),
-      jax_backend=jax.default_backend(), jax=jax.__version__, torch=torch.__version__,
-      torch_threads=torch.get_num_threads(), results=results, stream=stream)
+      jax_backend=jax.default_backend(), jax=jax.__version__,
+      torch=__import__("torch").__version__ if _has_torch() else None, results=results, stream=stream,
+      long_tail=tail)
 
   head = (f"{'model':<14}{'params':>11}{'B':>3}{'P':>5}{'N':>4} | {'ttft jaxrl':>11}{'ttft hf':>9} | "
           f"{'tok/s jaxrl':>12}{'tok/s hf':>10}{'x hf':>7} | {'agree':>6}{'KV MiB':>8}")
@@ -160,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
   if stream:
     print(f"stream of {stream['requests']} mixed requests: compilations {stream['compilations']} for "
           f"{stream['distinct_length_buckets']} (prompt, completion) length buckets, {stream['seconds']:.1f}s")
+  if tail:
+    hf = tail["hf"]
+    print(f"long tail: {tail['prompts']}x{tail['n']} rows, completion median {tail['median']}, longest "
+          f"{tail['longest']}, {tail['real_tokens']} real tokens | engine ({tail['slots']} slots) "
+          f"{tail['engine_tok_s']:.1f} tok/s | whole batch {tail['whole_batch_tok_s']:.1f} tok/s | engine/whole "
+          f"{tail['engine_over_whole_batch']:.2f}x | HF "
+          + (f"{hf['method']} {hf['tok_s']:.1f} tok/s" if hf else "skipped (torch not installed)"))
   print(f"load average {statistics.mean(report['load_avg']):.2f} over {threads} CPUs; JSON: {args.out}")
   with open(args.out, "w") as f:
     json.dump(report, f, indent=2)

@@ -2,7 +2,9 @@
 
 ``attention(q, k, v, *, segment_ids, positions, causal=True, impl="auto")`` dispatches to an
 implementation by name. The model and the sampler call only :func:`attention` and
-:func:`decode_attention`.
+:func:`decode_attention` (or :func:`paged_decode_attention` over a paged cache); on a device mesh
+they go through :func:`sharded_attention`, which runs the kernel per shard under ``jax.shard_map``
+(``pallas_call`` is not partitioned automatically).
 
 Implementations (``impl=``):
   ``reference``          pure JAX/XLA (``_reference.py``), the numerical reference; used on CPU.
@@ -22,9 +24,11 @@ from __future__ import annotations
 from jaxrl.kernels._blocks import BlockRanges, block_ranges, tile_classes, visited_tiles
 from jaxrl.kernels._common import BlockSizes
 from jaxrl.kernels._decode import decode_attention_reference
-from jaxrl.kernels._dispatch import DECODE_IMPLS, IMPLS, attention, decode_attention
+from jaxrl.kernels._dispatch import DECODE_IMPLS, IMPLS, attention, decode_attention, resolve_impl
 from jaxrl.kernels._flash import flash_attention, tiles, visited_tile_counts
+from jaxrl.kernels._paged import PAGED_IMPLS, paged_decode_attention, paged_decode_attention_reference
 from jaxrl.kernels._reference import MASK_VALUE, attention_reference, make_mask
+from jaxrl.kernels._sharded import sharded_attention
 
 __all__ = [
     "BlockRanges",
@@ -32,6 +36,7 @@ __all__ = [
     "DECODE_IMPLS",
     "IMPLS",
     "MASK_VALUE",
+    "PAGED_IMPLS",
     "attention",
     "attention_reference",
     "block_ranges",
@@ -39,6 +44,10 @@ __all__ = [
     "decode_attention_reference",
     "flash_attention",
     "make_mask",
+    "paged_decode_attention",
+    "paged_decode_attention_reference",
+    "resolve_impl",
+    "sharded_attention",
     "tile_classes",
     "tiles",
     "visited_tile_counts",

@@ -22,6 +22,13 @@ def _auto_impl() -> str:
   return "reference"
 
 
+def resolve_impl(impl: str) -> str:
+  """The implementation :func:`attention` runs for ``impl`` on this backend (``"auto"`` resolved)."""
+  if impl not in IMPLS:
+    raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
+  return _auto_impl() if impl == "auto" else impl
+
+
 def _unavailable(impl: str):
   raise NotImplementedError(
       f"attention impl {impl!r} is not built in jaxrl.kernels; use 'pallas_triton' on GPU "
@@ -83,10 +90,7 @@ def attention(
   Returns:
     ``[B, T, N, H]`` in ``q.dtype``.
   """
-  if impl not in IMPLS:
-    raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
-  if impl == "auto":
-    impl = _auto_impl()
+  impl = resolve_impl(impl)
   kw = dict(segment_ids=segment_ids, positions=positions, causal=causal, sm_scale=sm_scale,
             softcap=softcap, window=window)
   if impl == "reference":

@@ -19,7 +19,8 @@ global counts of tokens, non-empty sequences and non-empty prompt groups, ``L`` 
 | ``prompt_mean`` | 1/N_grp Σ_g 1/N_tok(g) Σ_{i∈g,t} m ℓ | mean over prompts of each prompt's token mean |
 
 A "sequence" is a row of ``[B, T]``, or one ``(row, segment)`` of a packed row when ``segment_ids``
-are given; sequences must not be split across shards or micro-batches (split along ``B``).
+are given (each segment a contiguous run of its row, as packing lays them out); sequences must not be
+split across shards or micro-batches (split along ``B``).
 """
 
 from __future__ import annotations
@@ -121,12 +122,29 @@ def _broadcast_groups(group_ids: jax.Array, shape: tuple[int, int]) -> jax.Array
   return jnp.broadcast_to(group_ids, shape)
 
 
+def _count_sequences(valid: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+  """Number of sequences (rows, or contiguous segment runs of packed rows) with a valid token.
+
+  ``O(B·T)`` with no scatter: a running count of valid tokens along each row, read at every
+  segment's last token minus its value just before the segment's first token (carried forward from
+  the segment start with a running max, since the count never decreases).
+  """
+  if segment_ids is None:
+    return jnp.sum(jnp.any(valid, axis=-1), dtype=jnp.int32)
+  seg = jnp.asarray(segment_ids, jnp.int32)
+  edge = jnp.ones_like(seg[:, :1], bool)
+  change = seg[:, 1:] != seg[:, :-1]
+  start = jnp.concatenate([edge, change], axis=-1)  # [B, T] first token of a segment run
+  end = jnp.concatenate([change, edge], axis=-1)  # [B, T] last token of a segment run
+  running = jnp.cumsum(valid, axis=-1, dtype=jnp.int32)  # valid tokens up to and including t
+  before = jax.lax.cummax(jnp.where(start, running - valid, 0), axis=1)  # ... before t's segment
+  return jnp.sum(end & (running > before), dtype=jnp.int32)
+
+
 def _count(response_mask, group_ids, num_groups, segment_ids, axis_name) -> GlobalCounts:
   mask = _as_mask(response_mask)
   tokens = jnp.sum(mask > 0, dtype=jnp.int32)
-  idx, n = sequence_index(mask.shape, segment_ids)
-  per_seq = jax.ops.segment_sum(mask.reshape(-1), idx.reshape(-1), num_segments=n)
-  sequences = jnp.sum(per_seq > 0, dtype=jnp.int32)
+  sequences = _count_sequences(mask > 0, segment_ids)
   if group_ids is not None:
     if num_groups is None:
       raise ValueError("global_counts: group_ids needs a static num_groups")

@@ -425,16 +425,18 @@ def reinforce_is(*, logprobs, old_logprobs, advantages, loss_weights, ratio_cap:
 
 
 @register_objective("gpg")
-def gpg(*, logprobs, old_logprobs, advantages, loss_weights, alpha: float | jax.Array = 1.0, **context):
-  r"""Group Policy Gradient: plain policy gradient with GPG's valid-sample rescaling.
+def gpg(*, logprobs, old_logprobs, advantages, loss_weights, **context):
+  r"""Group Policy Gradient objective: the plain policy gradient ``ℓ_t = -A_t log π_θ(y_t)``.
 
-  ``J = 1/Σ|o_i| Σ_i Σ_t α Â_{i,t} log π_θ(o_{i,t})`` so ``ℓ_t = -α A_t log π_θ(y_t)``; GPG sets
-  ``α = B / (B - M)`` with ``M`` the samples of zero-variance groups (no signal), which the caller
-  computes over the global batch (the ``1/Σ|o_i|`` normaliser is ``token_mean`` aggregation).
+  GPG's ``J = 1/Σ|o_i| Σ_i Σ_t Â_{i,t} log π_θ(o_{i,t})`` with ``Â = α (R - R̄)``. The rescaling
+  ``α = B / (B - M)`` (``M``: samples of zero-variance groups) needs the group structure of the
+  global batch, so it is applied once, by the ``gpg`` advantage estimator
+  (:func:`jaxrl.losses.gpg_advantage`, metric ``gpg_alpha``); this objective takes the advantages as
+  they are and applies no α of its own. The ``1/Σ|o_i|`` normaliser is ``token_mean`` aggregation.
 
   Args:
-    logprobs, old_logprobs, advantages, loss_weights: see :func:`ppo_clip`.
-    alpha: the rescaling factor α (scalar).
+    logprobs, old_logprobs, advantages, loss_weights: see :func:`ppo_clip` (``old_logprobs`` only
+      feeds the ratio metrics).
     **context: see the module docstring.
 
   Returns:
@@ -446,8 +448,7 @@ def gpg(*, logprobs, old_logprobs, advantages, loss_weights, alpha: float | jax.
   _check_context("gpg", context)
   inp = _Inputs(logprobs, old_logprobs, advantages, loss_weights, context)
   log_ratio = inp.log_ratio()
-  alpha = jax.lax.stop_gradient(jnp.asarray(alpha, jnp.float32))
-  return inp.loss(-alpha * inp.adv * inp.lp), inp.metrics(jnp.exp(log_ratio), log_ratio)
+  return inp.loss(-inp.adv * inp.lp), inp.metrics(jnp.exp(log_ratio), log_ratio)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ Example::
 from jaxrl.models._config import PRESETS, ModelConfig, RopeScaling
 from jaxrl.models._hf import (
     abstract_model,
+    cast_params,
     check_tokenizer,
+    config_from_dir,
     init_model,
     load_pretrained,
     load_tokenizer,
@@ -23,32 +25,32 @@ from jaxrl.models._hf import (
 from jaxrl.models._lora import (
     LORA_LR_MULTIPLIER,
     LORA_MODULES,
-    SHORT_RUN_LR_MULTIPLIER,
     LoraConfig,
     LoraParam,
     apply_lora,
     base_logits,
     has_lora,
     has_merged_lora,
-    hidden_size_lr,
-    load_peft,
     lora_disabled,
-    lora_flops_per_token,
     lora_loss,
-    lora_lr,
-    lora_param_counts,
     lora_state,
-    lr_scale_tree,
     merge_lora,
     merged_base,
-    optimizer_state_bytes,
-    read_peft_config,
-    save_peft,
     split_lora,
     unmerge_lora,
 )
+from jaxrl.models._lora_budget import (
+    SHORT_RUN_LR_MULTIPLIER,
+    hidden_size_lr,
+    lora_flops_per_token,
+    lora_lr,
+    lora_param_counts,
+    lr_scale_tree,
+    optimizer_state_bytes,
+)
+from jaxrl.models._peft import load_peft, read_peft_config, save_peft
 from jaxrl.models._source import ModelSource, convert, describe_model_section
-from jaxrl.models._transformer import KVCache, Transformer, apply_rope, rope_frequencies
+from jaxrl.models._transformer import KVCache, Placement, Transformer, apply_rope, rope_frequencies
 from jaxrl.models._transformer import add_lora
 
 __all__ = [
@@ -82,11 +84,14 @@ __all__ = [
     "ModelSource",
     "ModelConfig",
     "PRESETS",
+    "Placement",
     "RopeScaling",
     "Transformer",
     "abstract_model",
     "apply_rope",
+    "cast_params",
     "check_tokenizer",
+    "config_from_dir",
     "convert",
     "describe_model_section",
     "init_model",

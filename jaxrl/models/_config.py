@@ -101,15 +101,17 @@ class ModelConfig:
   qk_norm: bool = False
   "Per-head RMSNorm of queries and keys before RoPE (always on for qwen3, off otherwise)."
   param_dtype: str = "float32"
-  "Storage dtype of the parameters: 'float32' or 'bfloat16'."
+  "Storage dtype of the parameters (the trained master weights): 'float32' (default) or 'bfloat16'."
   dtype: str = "float32"
-  "Compute dtype of activations: 'float32' or 'bfloat16'. Norms, softmax and logits stay float32."
+  "Compute dtype of matmuls and activations: 'float32' or 'bfloat16'. Norms, softmax and logits stay float32."
   scan_layers: bool = True
   "Stack the blocks and run them with nnx.scan (fast compiles); False: a Python loop over blocks."
   remat: str = "none"
   "Rematerialisation of each block: 'none', 'full', 'dots' or 'dots_with_no_batch_dims'."
   attention_impl: str = "auto"
   "Implementation name passed to jaxrl.kernels.attention."
+  attention_interpret: bool = False
+  "Run Pallas attention kernels in interpret mode (CPU tests and debugging; slow)."
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
@@ -134,7 +136,7 @@ class ModelConfig:
         raise ValueError(f"{name}: must be a positive number, got {value!r}")
     if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
       raise ValueError(f"rope_scaling: must be None, a RopeScaling or a mapping, got {self.rope_scaling!r}")
-    for name in ("tie_word_embeddings", "attention_bias", "qk_norm", "scan_layers"):
+    for name in ("tie_word_embeddings", "attention_bias", "qk_norm", "scan_layers", "attention_interpret"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}: must be a bool, got {getattr(self, name)!r}")
     if self.attention_bias != (self.model_type == "qwen2"):

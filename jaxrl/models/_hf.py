@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from jaxrl.models._config import ModelConfig
-from jaxrl.models._transformer import Transformer
+from jaxrl.models._transformer import Placement, Transformer
 from jaxrl.sharding import LogicalRules
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -226,6 +226,25 @@ def _checkpoint_dtype(hf: Mapping[str, Any]) -> str:
   return "bfloat16" if name == "bfloat16" else "float32"
 
 
+def config_from_dir(path: str | os.PathLike, *, dtype: str | None = None, param_dtype: str | None = None,
+                    **config_overrides) -> ModelConfig:
+  """The :class:`ModelConfig` :func:`load_pretrained` builds for a local HF directory (reads only
+  ``config.json``).
+
+  Args:
+    path: the directory.
+    dtype: compute dtype; default the checkpoint's (``bfloat16`` if its ``config.json`` says so,
+      else ``float32``).
+    param_dtype: storage dtype of the parameters; default ``float32`` whatever ``dtype`` is: the
+      trained master weights and their optimizer state stay float32, bf16 is a compute dtype.
+    **config_overrides: further :class:`ModelConfig` fields.
+  """
+  path = Path(path)
+  hf = _read_config(path)
+  return ModelConfig.from_hf_config(hf, source=str(path / "config.json"), dtype=dtype or _checkpoint_dtype(hf),
+                                    param_dtype=param_dtype or "float32", **config_overrides)
+
+
 def load_pretrained(
     path: str | os.PathLike,
     *,
@@ -241,11 +260,10 @@ def load_pretrained(
   Args:
     path: directory with ``config.json`` and ``model.safetensors`` or ``model.safetensors.index.json``
       plus shards (bfloat16, float16 or float32 on disk).
-    mesh: place every parameter with its ``NamedSharding`` from ``rules`` on this mesh; default one
-      device.
-    dtype: compute dtype; default ``param_dtype``.
-    param_dtype: storage dtype; default ``dtype`` if given, else the checkpoint's (float32 unless it
-      says bfloat16).
+    mesh: place every parameter with its ``NamedSharding`` from ``rules`` on this mesh (the model
+      then holds a :class:`Placement`); default one device.
+    dtype: compute dtype; default the checkpoint's (float32 unless its config says bfloat16).
+    param_dtype: storage dtype; default float32 whatever ``dtype`` is (see :func:`config_from_dir`).
     rules: logical-to-mesh rules (default :meth:`LogicalRules.default`).
     tokenizer: if given, checked against the embedding size (:func:`check_tokenizer`).
     **config_overrides: :class:`ModelConfig` fields to change (``scan_layers``, ``remat``,
@@ -255,11 +273,7 @@ def load_pretrained(
     The model, with every array already on its devices.
   """
   path = Path(path)
-  hf = _read_config(path)
-  param_dtype = param_dtype or dtype or _checkpoint_dtype(hf)
-  dtype = dtype or param_dtype
-  cfg = ModelConfig.from_hf_config(hf, source=str(path / "config.json"), dtype=dtype, param_dtype=param_dtype,
-                                   **config_overrides)
+  cfg = config_from_dir(path, dtype=dtype, param_dtype=param_dtype, **config_overrides)
   if tokenizer is not None:
     check_tokenizer(tokenizer, cfg)
   ckpt = _Checkpoint(path)
@@ -287,12 +301,12 @@ def load_pretrained(
                      + (f" (+{len(unexpected) - 8} more)" if len(unexpected) > 8 else ""))
 
   shardings = dict(nnx.to_flat_state(state_shardings(abs_state, mesh, rules)))
-  np_dtype = _NP_DTYPES[param_dtype]
+  np_dtype = _NP_DTYPES[cfg.param_dtype]
   loaded = []
   for entry, var in entries:
     sharding = shardings[entry.path].get_value()
     loaded.append((entry.path, var.replace(_load_array(ckpt, entry, var.shape, sharding, np_dtype, cfg.num_layers))))
-  return nnx.merge(graphdef, nnx.from_flat_state(loaded))
+  return _set_placement(nnx.merge(graphdef, nnx.from_flat_state(loaded)), mesh, rules)
 
 
 def _load_array(ckpt: _Checkpoint, entry: _Entry, shape, sharding, np_dtype, num_layers: int) -> jax.Array:
@@ -345,16 +359,30 @@ def state_shardings(state_or_model, mesh: Mesh | None, rules: LogicalRules | Non
   return nnx.map_state(one, state)
 
 
+def _set_placement(model: Transformer, mesh: Mesh | None, rules: LogicalRules | None) -> Transformer:
+  """Records ``(mesh, rules)`` on ``model`` (``None`` mesh: no placement) and returns it."""
+  model.placement = None if mesh is None else Placement(mesh, rules or LogicalRules.default())
+  return model
+
+
 def shard_model(model: Transformer, mesh: Mesh, rules: LogicalRules | None = None) -> Transformer:
-  """A copy of ``model`` with every parameter placed as ``rules`` say on ``mesh``."""
+  """A copy of ``model`` with every parameter placed as ``rules`` say on ``mesh``.
+
+  The copy holds a :class:`Placement`: its forward pass constrains activations and runs attention
+  kernels per shard on ``mesh``. Arrays already placed so are not copied.
+  """
   graphdef, state = nnx.split(model)
   state = jax.device_put(state, state_shardings(state, mesh, rules))
-  return nnx.merge(graphdef, state)
+  return _set_placement(nnx.merge(graphdef, state), mesh, rules)
 
 
-def abstract_model(cfg: ModelConfig) -> Transformer:
-  """The model with ``jax.ShapeDtypeStruct`` leaves: shapes and metadata, no memory, no init."""
-  return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+def abstract_model(cfg: ModelConfig, *, mesh: Mesh | None = None, rules: LogicalRules | None = None) -> Transformer:
+  """The model with ``jax.ShapeDtypeStruct`` leaves: shapes and metadata, no memory, no init.
+
+  With ``mesh`` it holds a :class:`Placement` like a model placed there (e.g. to lower its programs
+  ahead of time for a target mesh).
+  """
+  return _set_placement(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), mesh, rules)
 
 
 def init_model(cfg: ModelConfig, *, mesh: Mesh | None = None, rules: LogicalRules | None = None,
@@ -364,7 +392,40 @@ def init_model(cfg: ModelConfig, *, mesh: Mesh | None = None, rules: LogicalRule
   The initialiser is compiled once per ``(cfg, mesh, rules)``; the seed is a traced argument.
   """
   graphdef, state = _init_fn(cfg, mesh, rules)(jnp.asarray(seed, jnp.uint32))
-  return nnx.merge(graphdef, state)
+  return _set_placement(nnx.merge(graphdef, state), mesh, rules)
+
+
+def cast_params(tree, dtype, *, copy: bool = False):
+  """A copy of a model's (or any pytree's) floating-point arrays in ``dtype``, cast on device.
+
+  How the sampler and the frozen KL reference get their compute-dtype weights from float32 master
+  weights: each array is converted where it lives (its sharding is kept), in one jitted program.
+  Arrays already in ``dtype`` and non-float leaves are returned as they are unless ``copy``.
+
+  Args:
+    tree: an ``nnx.Module`` (the result is the same module type over the cast state; its config is
+      unchanged) or a pytree of arrays (e.g. an ``nnx.State``).
+    dtype: e.g. ``"bfloat16"`` or ``model.cfg.dtype``.
+    copy: also copy float arrays already in ``dtype`` (a frozen reference that must outlive the
+      originals being donated to a train step).
+  """
+  dtype = jnp.dtype(dtype)
+  if isinstance(tree, nnx.Module):
+    graphdef, state = nnx.split(tree)
+    return nnx.merge(graphdef, cast_params(state, dtype, copy=copy))
+  leaves, treedef = jax.tree.flatten(tree)
+  todo = [i for i, x in enumerate(leaves)
+          if jnp.issubdtype(jnp.result_type(x), jnp.floating) and (copy or jnp.result_type(x) != dtype)]
+  if todo:
+    cast = _cast_fn(dtype)([leaves[i] for i in todo])
+    for i, x in zip(todo, cast):
+      leaves[i] = x
+  return jax.tree.unflatten(treedef, leaves)
+
+
+@functools.lru_cache(maxsize=8)
+def _cast_fn(dtype):
+  return jax.jit(lambda xs: [jnp.copy(x.astype(dtype)) for x in xs])
 
 
 @functools.lru_cache(maxsize=32)

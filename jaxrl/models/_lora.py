@@ -1,4 +1,7 @@
-"""LoRA adapters on every projection of the decoder, PEFT-compatible, with the note's LR rules.
+"""LoRA adapters on every projection of the decoder: adding, splitting, merging, switching off.
+
+PEFT files are read and written by :mod:`jaxrl.models._peft`; parameter/FLOP accounting and the note's
+learning-rate rules live in :mod:`jaxrl.models._lora_budget`.
 
 ``W' = W + (alpha / r)·B·A`` (Hu et al. 2021), computed as ``x·W + s·((x·A)·B)`` so ``W'`` is
 never formed while training; ``s = alpha / r`` or, with rsLoRA, ``alpha / sqrt(r)`` (Kalajdzievski
@@ -22,7 +25,7 @@ alone::
 The optimizer then holds moments for the adapters only. :func:`base_logits` runs the same model with
 adapters switched off, so the frozen base is the KL reference without a second copy of the weights.
 
-Reference: "LoRA Without Regret" (Thinking Machines, 2025), /work/shared/seeds/000_66f2e4027e8fa57d.txt
+Reference: "LoRA Without Regret" (Thinking Machines, 2025), project notes seeds/000_66f2e4027e8fa57d.txt
 lines 205-580 (parametrisation 392-446, LR ratio 449-478, FLOPs 537-562, parameter table 329-352).
 """
 
@@ -30,12 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
-import os
-import re
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -58,27 +57,12 @@ TARGET_SETS = {"all": LORA_MODULES, "attn": ATTN_MODULES, "mlp": MLP_MODULES}
 LORA_LR_MULTIPLIER = 10.0
 """LoRA LR / full-FT LR for long runs: the note measures 9.8 over 14 models (seeds file line 466) and
 rounds to 10 (line 451: "LoRA 的最优学习率始终是 ... FullFT 最优学习率的 10 倍")."""
-SHORT_RUN_LR_MULTIPLIER = 15.0
-"""The same ratio for runs under ~100 steps (line 478: "约 100 步以内 ... 约为 FullFT 的 15 倍")."""
-FITTED_LORA_MULTIPLIER = 9.8
-"""``M_LoRA`` of the hidden-size rule as fitted (line 466); ``LoRA pow = 0`` (line 467)."""
-HIDDEN_SIZE_LR_BASE = 5e-5
-"""Full-FT LR at hidden size 2000 in the hidden-size rule (tinker-cookbook ``hyperparam_utils.get_lr``;
-the note gives the formula, line 458, but not this constant)."""
-MODEL_POW = {"llama": 0.781, "qwen": 0.0775}
-"""``model pow`` per family (tinker-cookbook ``hyperparam_utils.get_lr``; the note, line 459-463,
-says it is fitted per family but does not print the values)."""
 
-SAFETENSORS_NAME = "adapter_model.safetensors"
-CONFIG_NAME = "adapter_config.json"
-_HF_SITE = {"attn": "self_attn", "mlp": "mlp"}
 _SITE_OF = {**{m: "attn" for m in ATTN_MODULES}, **{m: "mlp" for m in MLP_MODULES}}
 _IN_NDIM = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1}
 """Leading input axes of each base weight (``o_proj [N, H, D]`` contracts ``N, H``)."""
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
-_PEFT_KEY = re.compile(
-    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(" + "|".join(LORA_MODULES) + r")\.lora_([AB])\.weight$")
 
 
 class LoraParam(nnx.Param):
@@ -366,319 +350,9 @@ def base_logits(model: Transformer, tokens: jax.Array, *, positions: jax.Array, 
   return jax.lax.stop_gradient(out)
 
 
-# --------------------------------------------------------------------------------------------------
-# PEFT files
-
-
 def _dims(cfg: ModelConfig, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
   """Our ``(*in, *out)`` of one layer's base weight."""
   d, n, k, h, f = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
   return {"q_proj": ((d,), (n, h)), "k_proj": ((d,), (k, h)), "v_proj": ((d,), (k, h)),
           "o_proj": ((n, h), (d,)), "gate_proj": ((d,), (f,)), "up_proj": ((d,), (f,)),
           "down_proj": ((f,), (d,))}[name]
-
-
-def _peft_key(layer: int, name: str, factor: str) -> str:
-  return f"base_model.model.model.layers.{layer}.{_HF_SITE[_SITE_OF[name]]}.{name}.lora_{factor}.weight"
-
-
-def _host(x: jax.Array) -> np.ndarray:
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
-
-
-def save_peft(model: Transformer, path: str | os.PathLike, *, base_model_name_or_path: str | None = None) -> None:
-  """Writes ``adapter_config.json`` + ``adapter_model.safetensors`` that ``peft.PeftModel.from_pretrained`` loads.
-
-  Keys are PEFT's (checked with peft 0.21): ``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight``
-  ``[r, d_in]`` and ``...lora_B.weight`` ``[d_out, r]`` (``nn.Linear`` layout), likewise ``k/v/o_proj`` and
-  ``mlp.{gate,up,down}_proj``. HF flattens ``(N, H)`` to ``N·H`` in our order, so ``lora_A = A.reshape(d_in, r).T``
-  and ``lora_B = B.reshape(r, d_out).T``. On several hosts every process calls this; process 0 writes.
-
-  Args:
-    model: an adapted model (merged or not; the factors are saved either way).
-    path: output directory (created).
-    base_model_name_or_path: recorded in the config (PEFT uses it when no base model is passed).
-  """
-  from safetensors.numpy import save_file
-
-  if not has_lora(model):
-    raise ValueError("model has no LoRA adapters to save")
-  lcfg, cfg = model.lora_config, model.cfg
-  tensors: dict[str, np.ndarray] = {}
-  for layer, _, module in _sites(model):
-    for name in lcfg.modules:
-      a_attr, b_attr = _factor_names(name)
-      if not hasattr(module, a_attr):
-        continue
-      a, b = _host(getattr(module, a_attr).get_value()), _host(getattr(module, b_attr).get_value())
-      layers = range(cfg.num_layers) if layer is None else [layer]
-      for i in layers:
-        ai, bi = (a[i], b[i]) if layer is None else (a, b)
-        tensors[_peft_key(i, name, "A")] = np.ascontiguousarray(ai.reshape(-1, lcfg.rank).T)
-        tensors[_peft_key(i, name, "B")] = np.ascontiguousarray(bi.reshape(lcfg.rank, -1).T)
-  if jax.process_index() != 0:
-    return
-  path = Path(path)
-  path.mkdir(parents=True, exist_ok=True)
-  save_file(tensors, str(path / SAFETENSORS_NAME), metadata={"format": "pt"})
-  alpha = int(lcfg.alpha) if float(lcfg.alpha).is_integer() else float(lcfg.alpha)
-  config = {
-      "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
-      "r": lcfg.rank, "lora_alpha": alpha, "use_rslora": lcfg.rslora, "target_modules": list(lcfg.modules),
-      "lora_dropout": 0.0, "bias": "none", "use_dora": False, "fan_in_fan_out": False, "init_lora_weights": True,
-      "inference_mode": True, "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None,
-      "rank_pattern": {}, "alpha_pattern": {}, "revision": None,
-  }
-  (path / CONFIG_NAME).write_text(json.dumps(config, indent=2))
-
-
-_UNSUPPORTED_KEYS = ("use_dora", "use_qalora", "lora_bias", "fan_in_fan_out", "modules_to_save",
-                     "layers_to_transform", "layer_replication", "rank_pattern", "alpha_pattern",
-                     "trainable_token_indices", "target_parameters", "alora_invocation_tokens", "use_bdlora",
-                     "arrow_config")
-_BASE_CHANGING_INITS = ("pissa", "olora", "corda", "lora_ga", "loftq")
-"""``init_lora_weights`` schemes that also rewrite the base weights; their adapters need that base."""
-
-
-def read_peft_config(path: str | os.PathLike) -> dict[str, Any]:
-  """``adapter_config.json`` of a PEFT LoRA directory, rejecting options this model cannot run."""
-  file = Path(path) / CONFIG_NAME
-  if not file.is_file():
-    raise FileNotFoundError(f"{path}: no {CONFIG_NAME} (is this a PEFT adapter directory?)")
-  config = json.loads(file.read_text())
-  if config.get("peft_type", "LORA") != "LORA":
-    raise ValueError(f"{file}: peft_type {config['peft_type']!r} is not supported; only 'LORA'")
-  for key in _UNSUPPORTED_KEYS:
-    if config.get(key):
-      raise ValueError(f"{file}: {key}={config[key]!r} is not supported by jaxrl's LoRA")
-  if config.get("bias", "none") != "none":
-    raise ValueError(f"{file}: bias={config['bias']!r} is not supported; only 'none'")
-  init = config.get("init_lora_weights", True)
-  if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
-    raise ValueError(f"{file}: init_lora_weights={init!r} modifies the base weights; not supported")
-  r = config.get("r")
-  if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-    raise ValueError(f"{file}: r={r!r} must be an int >= 1")
-  return config
-
-
-def load_peft(model: Transformer, path: str | os.PathLike, *, param_dtype: str = "float32",
-              rules: LogicalRules | None = None) -> Transformer:
-  """Reads a PEFT LoRA adapter (``adapter_config.json`` + ``adapter_model.safetensors``) into ``model``.
-
-  The targets are the modules the file holds (``target_modules`` may be a list, a regex or
-  ``"all-linear"``); every layer must have them. Adds adapters with :func:`apply_lora` when the model
-  has none, else overwrites matching ones. Inverse of :func:`save_peft`: ``A = lora_A.T.reshape(*in, r)``,
-  ``B = lora_B.T.reshape(r, *out)``.
-
-  Args:
-    model: the base model the adapter was trained on (any sharding; modified in place).
-    path: the adapter directory.
-    param_dtype: adapter dtype when new adapters are added.
-    rules: logical-to-mesh rules for new adapters.
-
-  Returns:
-    ``model``. Raises ValueError naming the key and both shapes when a tensor does not fit the base,
-    and for options jaxrl cannot run (DoRA, biases, per-module ranks, ...).
-  """
-  from safetensors import safe_open
-
-  path = Path(path)
-  config = read_peft_config(path)
-  file = path / SAFETENSORS_NAME
-  if not file.is_file():
-    raise FileNotFoundError(f"{path}: no {SAFETENSORS_NAME} (only safetensors adapters are supported)")
-  cfg, r = model.cfg, config["r"]
-  found: dict[tuple[int, str, str], np.ndarray] = {}
-  with safe_open(str(file), framework="np") as f:
-    keys = sorted(f.keys())
-    unknown = [k for k in keys if not _PEFT_KEY.match(k)]
-    if unknown:
-      raise ValueError(f"{file}: tensors jaxrl cannot place (only layers.*.self_attn|mlp.*_proj.lora_A|B.weight): "
-                       f"{sorted(unknown)[:8]}")
-    for key in keys:
-      layer, _, name, factor = _PEFT_KEY.match(key).groups()
-      layer = int(layer)
-      if layer >= cfg.num_layers:
-        raise ValueError(f"{file}: tensor {key!r} is for layer {layer}, but the base model has {cfg.num_layers}")
-      in_dims, out_dims = _dims(cfg, name)
-      want = (r, math.prod(in_dims)) if factor == "A" else (math.prod(out_dims), r)
-      got = tuple(f.get_slice(key).get_shape())
-      if got != want:
-        raise ValueError(f"{file}: tensor {key!r} has shape {list(got)}, but the base model expects {list(want)} "
-                         f"(r={r}, {name}: d_in={math.prod(in_dims)}, d_out={math.prod(out_dims)})")
-      found[(layer, name, factor)] = f.get_tensor(key)
-  names = tuple(m for m in LORA_MODULES if any(k[1] == m for k in found))
-  if not names:
-    raise ValueError(f"{file}: no LoRA tensors")
-  missing = [_peft_key(i, m, x) for m in names for i in range(cfg.num_layers) for x in "AB"
-             if (i, m, x) not in found]
-  if missing:
-    raise ValueError(f"{file}: adapters must cover every layer of each targeted module; missing {missing[:4]}"
-                     + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""))
-  lcfg = LoraConfig(rank=r, alpha=config.get("lora_alpha", 8), targets=names,
-                    rslora=bool(config.get("use_rslora", False)), param_dtype=param_dtype)
-  if has_lora(model):
-    have = model.lora_config
-    if (have.rank, have.modules, have.scale) != (lcfg.rank, lcfg.modules, lcfg.scale):
-      raise ValueError(f"{path}: adapter (rank {lcfg.rank}, targets {list(lcfg.modules)}, scale {lcfg.scale}) does not "
-                       f"match the model's (rank {have.rank}, targets {list(have.modules)}, scale {have.scale})")
-    if has_merged_lora(model):
-      raise ValueError("LoRA adapters are merged; unmerge_lora before loading new ones")
-  else:
-    apply_lora(model, lcfg, rules=rules)
-  for layer, _, module in _sites(model):
-    for name in lcfg.modules:
-      a_attr, b_attr = _factor_names(name)
-      if not hasattr(module, a_attr):
-        continue
-      in_dims, out_dims = _dims(cfg, name)
-      layers = range(cfg.num_layers) if layer is None else [layer]
-      a = np.stack([found[(i, name, "A")].T.reshape(*in_dims, r) for i in layers])
-      b = np.stack([found[(i, name, "B")].T.reshape(r, *out_dims) for i in layers])
-      for attr, value in ((a_attr, a), (b_attr, b)):
-        var = getattr(module, attr)
-        old = var.get_value()
-        value = value if layer is None else value[0]
-        value = jnp.asarray(value.astype(np.float32)).astype(old.dtype)
-        var.set_value(jax.device_put(value, old.sharding) if _is_concrete(old) else value)
-  return model
-
-
-# --------------------------------------------------------------------------------------------------
-# Accounting
-
-
-def _resolve_targets(targets: str | Sequence[str]) -> tuple[str, ...]:
-  return LoraConfig(rank=1, targets=targets if isinstance(targets, str) else tuple(targets)).modules
-
-
-def lora_param_counts(model_cfg: ModelConfig, *, targets: str | Sequence[str] = "all", rank: int) -> dict[str, int]:
-  """Adapter parameters per targeted module (summed over layers) and their ``"total"``.
-
-  ``count(W) = L · r · (d_in + d_out)`` for ``A [d_in, r]`` and ``B [r, d_out]`` — the note's sum of
-  ``rank·d_in + rank·d_out`` over all weight matrices (seeds file line 373).
-
-  Example: ``ModelConfig.qwen3_8b()``, rank 256: attn 0.245B, mlp 0.453B, all 0.698B; mlp at rank 128
-  0.226B — the note's table (lines 351-352 and 333-341: 0.25B, 0.49B, 0.70B, 0.24B) up to its mlp rows.
-  """
-  if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-    raise ValueError(f"rank: must be an int >= 1, got {rank!r}")
-  out = {}
-  for name in _resolve_targets(targets):
-    in_dims, out_dims = _dims(model_cfg, name)
-    out[name] = model_cfg.num_layers * rank * (math.prod(in_dims) + math.prod(out_dims))
-  out["total"] = sum(out.values())
-  return out
-
-
-def lora_flops_per_token(model_cfg: ModelConfig, rank: int, targets: str | Sequence[str] = "all") -> dict[str, float]:
-  """Training FLOPs per token of the weight matmuls, LoRA vs full fine-tuning (attention excluded).
-
-  Per weight matrix ``W [d_in, d_out]`` in multiply-adds (the note, lines 537-562, with ``N x N``):
-  full FT runs ``y = xW``, ``x̄ = ȳWᵀ`` and ``W̄ = xᵀȳ``: ``3·d_in·d_out`` (``3N²``); LoRA keeps the
-  first two and trains ``A``, ``B`` at ``3`` MACs per factor element: ``2·d_in·d_out + 3r(d_in + d_out)``
-  (``2N² + 6NR``). Matrices LoRA does not adapt, and the output head, cost ``2·d_in·d_out`` under LoRA.
-  FLOPs = 2 x MACs.
-
-  Returns:
-    ``{"full": F_full, "lora": F_lora, "ratio": F_lora / F_full}`` (FLOPs per token).
-  """
-  chosen = _resolve_targets(targets)
-  full = lora = 0.0
-  for name in LORA_MODULES:
-    in_dims, out_dims = _dims(model_cfg, name)
-    di, do = math.prod(in_dims), math.prod(out_dims)
-    full += 3 * di * do * model_cfg.num_layers
-    lora += (2 * di * do + (3 * rank * (di + do) if name in chosen else 0)) * model_cfg.num_layers
-  head = model_cfg.hidden_size * model_cfg.vocab_size
-  full, lora = 2 * (full + 3 * head), 2 * (lora + 2 * head)
-  return {"full": full, "lora": lora, "ratio": lora / full}
-
-
-# --------------------------------------------------------------------------------------------------
-# Learning rates
-
-
-def lora_lr(full_ft_lr: float, *, short_run: bool = False) -> float:
-  """The LoRA learning rate for a known-good full-FT one: ``10x`` (``15x`` for runs under ~100 steps).
-
-  The note (seeds file lines 451, 466 and 478): the optimal LoRA LR is ~10x the full-FT optimum
-  in SL and RL (fitted 9.8), and ~15x for short runs because B starts at zero.
-  """
-  if not full_ft_lr > 0:
-    raise ValueError(f"full_ft_lr: must be > 0, got {full_ft_lr!r}")
-  return full_ft_lr * (SHORT_RUN_LR_MULTIPLIER if short_run else LORA_LR_MULTIPLIER)
-
-
-def _family(model_type: str) -> str:
-  if model_type == "llama":
-    return "llama"
-  if model_type.startswith("qwen"):
-    return "qwen"
-  raise ValueError(f"family: {model_type!r} has no fitted model_pow; known: {sorted(MODEL_POW)} (or llama/qwen2/qwen3)")
-
-
-def hidden_size_lr(model: ModelConfig | int, *, family: str | None = None, lora: bool = True,
-                   base_lr: float = HIDDEN_SIZE_LR_BASE) -> float:
-  """The note's fitted optimum ``LR = base · M · (2000 / hidden)^(model_pow + LoRA_pow)``.
-
-  ``M = 9.8`` with LoRA, 1 for full FT, and ``LoRA_pow = 0`` (seeds file lines 458-467); the note does
-  not print ``model_pow`` or the base, so they are taken from Thinking Machines' tinker-cookbook
-  (``hyperparam_utils.get_lr``: base 5e-5; model_pow 0.781 Llama, 0.0775 Qwen).
-
-  Args:
-    model: a :class:`ModelConfig` (its ``hidden_size`` and ``model_type``) or a hidden size.
-    family: ``"llama"`` or ``"qwen"``; default from ``model.model_type``.
-    lora: the LoRA LR (``M = 9.8``) or the full-FT one (``M = 1``).
-    base_lr: full-FT LR at hidden size 2000.
-  """
-  if isinstance(model, ModelConfig):
-    hidden, family = model.hidden_size, family or _family(model.model_type)
-  else:
-    hidden = model
-    if family is None:
-      raise ValueError("family: give 'llama' or 'qwen' with a bare hidden size")
-  family = _family(family) if family not in MODEL_POW else family
-  if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-    raise ValueError(f"hidden_size: must be a positive int, got {hidden!r}")
-  m = FITTED_LORA_MULTIPLIER if lora else 1.0
-  return base_lr * m * (2000.0 / hidden) ** MODEL_POW[family]
-
-
-def lr_scale_tree(adapters, b_lr_ratio: float) -> Any:
-  """Per-leaf LR multipliers for :func:`jaxrl.train.make_optimizer` ``(lr_scale=...)``: 1 for A, ratio for B.
-
-  LoRA+ (Hayou et al. 2024) trains B faster; in the note's basis this lengthens A's time scale
-  ``init_A / LR_A`` (seeds file lines 433-440). ``b_lr_ratio = 1`` is PEFT's standard parametrisation.
-
-  Args:
-    adapters: the adapter state (:func:`lora_state` / :func:`split_lora`), or any pytree whose paths
-      name the factors (``..._lora_a``, ``..._lora_b``).
-    b_lr_ratio: ``LR_B / LR_A`` (> 0).
-
-  Returns:
-    A pytree of floats with ``adapters``' structure.
-  """
-  if isinstance(b_lr_ratio, bool) or not isinstance(b_lr_ratio, (int, float)) or not b_lr_ratio > 0:
-    raise ValueError(f"b_lr_ratio: must be a positive number, got {b_lr_ratio!r}")
-
-  def one(path, _):
-    key = jax.tree_util.keystr(path)
-    if LORA_SUFFIXES[1] in key:
-      return float(b_lr_ratio)
-    if LORA_SUFFIXES[0] in key:
-      return 1.0
-    raise ValueError(f"lr_scale_tree: leaf {key} is not a LoRA factor")
-
-  return jax.tree_util.tree_map_with_path(one, adapters)
-
-
-def optimizer_state_bytes(opt_state) -> int:
-  """Bytes of an optax state pytree (concrete or ``jax.eval_shape`` output)."""
-  return int(sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(opt_state)
-                 if hasattr(x, "shape")))
-

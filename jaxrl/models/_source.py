@@ -9,7 +9,7 @@ from typing import Any
 from jax.sharding import Mesh
 
 from jaxrl.models._config import PRESETS, ModelConfig
-from jaxrl.models._hf import abstract_model, init_model, load_pretrained
+from jaxrl.models._hf import abstract_model, config_from_dir, init_model, load_pretrained
 from jaxrl.sharding import LogicalRules
 
 
@@ -22,7 +22,7 @@ class ModelSource:
   hf_dir: str | None = None
   "Local Hugging Face directory (config.json + *.safetensors)."
   overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
-  "ModelConfig fields to override, e.g. {dtype: bfloat16, remat: dots, num_layers: 4}."
+  "ModelConfig fields, e.g. {dtype: bfloat16, param_dtype: float32, remat: dots}; dtype = compute, param_dtype = storage (default float32)."
   seed: int = 0
   "Initialisation seed for presets."
 
@@ -38,16 +38,14 @@ class ModelSource:
       raise ValueError(f"model.overrides: unknown ModelConfig fields {sorted(bad)}")
 
   def config(self) -> ModelConfig:
-    """The model's shapes without reading weights (``hf_dir``: only config.json)."""
+    """The config :meth:`build` uses, without reading weights (``hf_dir``: only config.json)."""
     if self.preset is not None:
       return dataclasses.replace(PRESETS[self.preset](), **self.overrides)
-    import json
     from pathlib import Path
     path = Path(self.hf_dir) / "config.json"
     if not path.is_file():
       raise FileNotFoundError(f"model.hf_dir: {path} not found")
-    cfg = ModelConfig.from_hf_config(json.loads(path.read_text()))
-    return dataclasses.replace(cfg, **self.overrides)
+    return config_from_dir(self.hf_dir, **self.overrides)
 
   def build(self, *, mesh: Mesh | None = None, rules: LogicalRules | None = None):
     """The model, each parameter placed with its sharding on ``mesh``."""
@@ -55,8 +53,9 @@ class ModelSource:
       return init_model(self.config(), mesh=mesh, rules=rules, seed=self.seed)
     return load_pretrained(self.hf_dir, mesh=mesh, rules=rules, **self.overrides)
 
-  def abstract(self):
-    return abstract_model(self.config())
+  def abstract(self, *, mesh: Mesh | None = None, rules: LogicalRules | None = None):
+    """The model with shape-only leaves (placed on ``mesh`` if given); see :func:`abstract_model`."""
+    return abstract_model(self.config(), mesh=mesh, rules=rules)
 
 
 def describe_model_section(section: dict[str, Any], mesh: Mesh, rules: LogicalRules) -> list[str]:
@@ -95,6 +94,7 @@ def convert(src: str | None, dst: str, *, dtype: str | None = None, tokenizer: s
     model = ModelSource(preset=preset).build()
   else:
     model = load_pretrained(src)
+    dtype = dtype or model.cfg.dtype  # keep the source's dtype (the compute dtype defaults to it)
   tok_dir = tokenizer or src
   tok = None
   if tok_dir is not None:

@@ -7,6 +7,12 @@ carries logical axis names in its ``out_sharding`` metadata (``embed``, ``vocab`
 ``heads``, ``kv_heads``, ``head_dim``, ``layers``, ``norm``); :mod:`jaxrl.sharding` maps them to mesh
 axes. Inputs are packed: ``tokens``, ``positions`` and ``segment_ids`` (0 = padding), each ``[B, T]``.
 
+A model placed on a mesh (:func:`jaxrl.models.shard_model`, or ``init_model`` / ``load_pretrained``
+with ``mesh=``) holds a :class:`Placement` (the mesh and the logical rules). Its forward pass then
+constrains activations to their logical sharding (``batch``, ``seq``, ``act_*``: the residual stream
+is split by rows, so FSDP gathers weights rather than reducing activations) and runs Pallas attention
+kernels per shard through :func:`jaxrl.kernels.sharded_attention`.
+
 Reference: the Hugging Face ``modeling_llama.py`` / ``modeling_qwen2.py`` / ``modeling_qwen3.py``
 (transformers 5), whose checkpoints :mod:`jaxrl.models._hf` reads and writes.
 """
@@ -14,6 +20,7 @@ Reference: the Hugging Face ``modeling_llama.py`` / ``modeling_qwen2.py`` / ``mo
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -24,6 +31,7 @@ from flax import nnx
 
 from jaxrl import kernels
 from jaxrl.models._config import ModelConfig
+from jaxrl.sharding import LogicalRules
 
 INIT_STD = 0.02
 """Standard deviation of the normal initialiser (HF ``initializer_range``)."""
@@ -38,6 +46,41 @@ def _param(value: jax.Array, names: tuple[str, ...]) -> nnx.Param:
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> jax.Array:
   return (INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where a model lives: the mesh its parameters are on and the logical rules that placed them.
+
+  Hashable (it is static model metadata, part of the ``GraphDef``). The forward pass uses it to
+  constrain activations (:meth:`constrain`) and to run attention kernels per shard (:meth:`attention`).
+  """
+
+  mesh: jax.sharding.Mesh
+  rules: LogicalRules
+
+  def axes(self, name: str) -> tuple[str, ...]:
+    """Mesh axes (of size > 1) that logical axis ``name`` maps to."""
+    return tuple(a for a in self.rules.mesh_axes(name) if self.mesh.shape[a] > 1)
+
+  def constrain(self, x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+    """``x`` constrained to the sharding of logical axes ``names`` (indivisible dims replicated)."""
+    return jax.lax.with_sharding_constraint(x, self.rules.sharding(names, self.mesh, x.shape))
+
+  def attention(self, q, k, v, **kwargs):
+    """:func:`jaxrl.kernels.attention` on this mesh: kernels run under ``shard_map`` (rows over the
+    ``batch`` axes, heads over the ``act_heads`` axes); the XLA reference is left to the partitioner."""
+    if kernels.resolve_impl(kwargs.get("impl", "auto")) == "reference":
+      return kernels.attention(q, k, v, **kwargs)
+    return kernels.sharded_attention(q, k, v, mesh=self.mesh, batch_axes=self.axes("batch"),
+                                     head_axes=self.axes("act_heads"), sequence_axes=self.axes("seq"), **kwargs)
+
+
+def _constrain(placement: Placement | None, x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+  return x if placement is None else placement.constrain(x, names)
+
+
+_RESIDUAL = ("batch", "seq", "act_embed")
 
 
 LORA_SUFFIXES = ("_lora_a", "_lora_b")
@@ -172,6 +215,7 @@ class Attention(nnx.Module):
       positions: jax.Array,  # [B, T]
       segment_ids: jax.Array,  # [B, T]
       cache: tuple | None = None,  # (k [B,S,K,H], v [B,S,K,H], kv_segment_ids [B,S], kv_positions [B,S], start [B])
+      placement: Placement | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, D], updated (k, v) or None
     cfg = self.cfg
     dt = cfg.jnp_dtype
@@ -186,19 +230,22 @@ class Attention(nnx.Module):
       q = self.q_norm(q)
       k = self.k_norm(k)
     inv_freq = rope_frequencies(cfg)
-    q = apply_rope(q, positions, inv_freq)
-    k = apply_rope(k, positions, inv_freq)
+    q = _constrain(placement, apply_rope(q, positions, inv_freq), ("batch", "seq", "act_heads", "head_dim"))
+    k = _constrain(placement, apply_rope(k, positions, inv_freq), ("batch", "seq", "act_kv_heads", "head_dim"))
+    v = _constrain(placement, v, ("batch", "seq", "act_kv_heads", "head_dim"))
+    attend = kernels.attention if placement is None else placement.attention
+    kw = dict(impl=cfg.attention_impl, interpret=cfg.attention_interpret)
     if cache is None:
-      out = kernels.attention(q, k, v, segment_ids=segment_ids, positions=positions, impl=cfg.attention_impl)
+      out = attend(q, k, v, segment_ids=segment_ids, positions=positions, **kw)
       new_kv = None
     else:
       k_cache, v_cache, kv_segment_ids, kv_positions, start = cache
       k_cache = _write_rows(k_cache, k.astype(k_cache.dtype), start)  # [B, S, K, H]
       v_cache = _write_rows(v_cache, v.astype(v_cache.dtype), start)
-      out = kernels.attention(
-          q, k_cache.astype(dt), v_cache.astype(dt), segment_ids=(segment_ids, kv_segment_ids),
-          positions=(positions, kv_positions), impl=cfg.attention_impl)
+      out = attend(q, k_cache.astype(dt), v_cache.astype(dt), segment_ids=(segment_ids, kv_segment_ids),
+                   positions=(positions, kv_positions), **kw)
       new_kv = (k_cache, v_cache)
+    out = _constrain(placement, out, ("batch", "seq", "act_heads", "head_dim"))
     y = add_lora(self, "o_proj", out, jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(dt)))
     return y, new_kv
 
@@ -213,11 +260,11 @@ class MLP(nnx.Module):
     self.up_proj = _param(_normal(rngs, (d, f), pd), ("embed", "mlp"))
     self.down_proj = _param(_normal(rngs, (f, d), pd), ("mlp", "embed"))
 
-  def __call__(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
+  def __call__(self, x: jax.Array, *, placement: Placement | None = None) -> jax.Array:  # [B, T, D] -> [B, T, D]
     dt = self.cfg.jnp_dtype
     gate = add_lora(self, "gate_proj", x, jnp.einsum("btd,df->btf", x, self.gate_proj[...].astype(dt)))
     up = add_lora(self, "up_proj", x, jnp.einsum("btd,df->btf", x, self.up_proj[...].astype(dt)))
-    h = jax.nn.silu(gate) * up  # [B, T, F]
+    h = _constrain(placement, jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))  # [B, T, F]
     return add_lora(self, "down_proj", h, jnp.einsum("btf,fd->btd", h, self.down_proj[...].astype(dt)))
 
 
@@ -231,12 +278,13 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=pd)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, *, positions, segment_ids, cache=None):  # [B, T, D] -> ([B, T, D], kv)
+  def __call__(self, x, *, positions, segment_ids, cache=None, placement=None):  # [B, T, D] -> ([B, T, D], kv)
     with jax.named_scope("attention"):
-      y, new_kv = self.attn(self.attn_norm(x), positions=positions, segment_ids=segment_ids, cache=cache)
-      x = x + y
+      y, new_kv = self.attn(self.attn_norm(x), positions=positions, segment_ids=segment_ids, cache=cache,
+                            placement=placement)
+      x = _constrain(placement, x + y, _RESIDUAL)
     with jax.named_scope("mlp"):
-      x = x + self.mlp(self.mlp_norm(x))
+      x = _constrain(placement, x + self.mlp(self.mlp_norm(x), placement=placement), _RESIDUAL)
     return x, new_kv
 
 
@@ -300,6 +348,9 @@ class Transformer(nnx.Module):
       logits = model(tokens, positions=positions, segment_ids=segment_ids)  # [B, T, V] float32
   """
 
+  placement: Placement | None = None
+  """Mesh and rules the parameters were placed with (set by ``shard_model``/``init_model``/``load_pretrained``)."""
+
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     pd = cfg.jnp_param_dtype
@@ -318,8 +369,15 @@ class Transformer(nnx.Module):
       self.lm_head = _param(_normal(rngs, (cfg.hidden_size, cfg.vocab_size), pd), ("embed", "vocab"))
 
   def unembed_matrix(self) -> jax.Array:  # [D, V]
-    """The output projection ``W`` with ``logits = hidden · W`` (the transposed embedding if tied)."""
-    return self.embed[...].T if self.lm_head is None else self.lm_head[...]
+    """The output projection ``W`` with ``logits = hidden · W`` (the transposed embedding if tied), cast
+    to the compute dtype.
+
+    Every log-prob path (the model's logits, the trainer's and the reference's chunked log-probs, the
+    sampler's decode step) multiplies the compute-dtype hidden state by this same compute-dtype
+    matrix, accumulating in float32, so their log-probs differ only by the attention kernels.
+    """
+    w = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+    return w.astype(self.cfg.jnp_dtype)
 
   def __call__(
       self,
@@ -330,6 +388,8 @@ class Transformer(nnx.Module):
       cache: KVCache | None = None,
       cache_start: jax.Array | None = None,  # [B] int32
       return_hidden: bool = False,
+      embeds: jax.Array | None = None,  # [B, T, D]
+      embeds_mask: jax.Array | None = None,  # [B, T] bool
   ):
     """Logits (or final normed hidden states) of packed token rows, optionally through a KV cache.
 
@@ -343,6 +403,9 @@ class Transformer(nnx.Module):
         ``cache_start + T <= S``.
       return_hidden: return the final normed hidden states ``[B, T, D]`` (compute dtype) instead of
         logits; project them with :meth:`unembed_matrix`.
+      embeds: input embeddings ``[B, T, D]`` that replace the token embedding where ``embeds_mask``
+        is true (continuous thoughts, :mod:`jaxrl.latent`); cast to the compute dtype.
+      embeds_mask: ``[B, T]`` bool, where ``embeds`` is used (required with ``embeds``).
 
     Returns:
       ``[B, T, V]`` float32 logits (or ``[B, T, D]`` hidden); with a cache, ``(out, new_cache)``.
@@ -355,8 +418,16 @@ class Transformer(nnx.Module):
           f"tokens, positions and segment_ids must all be [B, T]; got {tokens.shape}, {positions.shape}, "
           f"{segment_ids.shape}")
     dt = cfg.jnp_dtype
+    placement = self.placement
     with jax.named_scope("embed"):
-      x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)  # [B, T, D]
+      x = _constrain(placement, jnp.take(self.embed[...], tokens, axis=0).astype(dt), _RESIDUAL)  # [B, T, D]
+      if (embeds is None) != (embeds_mask is None):
+        raise ValueError("embeds and embeds_mask must be given together")
+      if embeds is not None:
+        if embeds.shape != x.shape or embeds_mask.shape != tokens.shape:
+          raise ValueError(f"embeds must be [B, T, D]={x.shape} and embeds_mask [B, T]={tokens.shape}; "
+                           f"got {embeds.shape}, {embeds_mask.shape}")
+        x = jnp.where(embeds_mask[..., None], embeds.astype(dt), x)
 
     if cache is not None:
       b = tokens.shape[0]
@@ -380,7 +451,8 @@ class Transformer(nnx.Module):
       out = h
     else:
       with jax.named_scope("lm_head"):
-        out = jnp.einsum("btd,dv->btv", h, self.unembed_matrix().astype(dt), preferred_element_type=jnp.float32)
+        out = jnp.einsum("btd,dv->btv", h, self.unembed_matrix(), preferred_element_type=jnp.float32)
+        out = _constrain(placement, out, ("batch", "seq", "act_vocab"))
     if cache is None:
       return out
     return out, KVCache(k=new_k, v=new_v, segment_ids=kv_segment_ids, positions=kv_positions)
@@ -391,7 +463,8 @@ class Transformer(nnx.Module):
 
     def block_fn(block, x, k_l, v_l):
       layer_cache = None if k_l is None else (k_l, v_l, *kv[2:])
-      x, new_kv = block(x, positions=positions, segment_ids=segment_ids, cache=layer_cache)
+      x, new_kv = block(x, positions=positions, segment_ids=segment_ids, cache=layer_cache,
+                        placement=self.placement)
       return (x, None, None) if new_kv is None else (x, *new_kv)
 
     if cfg.remat != "none":

@@ -1,10 +1,18 @@
-"""Verifiable rewards: math, sandboxed code execution, format, combinations, reasoning-gym.
+"""Rewards: math, sandboxed code execution, format, combinations, reasoning-gym, judges and rubrics.
 
 A reward function is ``fn(prompt, completion, **sample_fields) -> float | RewardResult``; load one
 by import path with `load_reward` and score batches with `RewardRunner`. Nothing here needs JAX.
 See ``docs/rewards.md``.
 """
 
+from jaxrl.rewards._autorubric import (
+  HashingEmbedder,
+  RubricSelection,
+  coding_rate,
+  propose_evaluate_revise,
+  rubric_metrics,
+  select_rubrics,
+)
 from jaxrl.rewards._base import RewardFn, RewardResult, RewardValueError, coerce_reward, load_reward
 from jaxrl.rewards._code import (
   CodeRewardConfig,
@@ -29,7 +37,33 @@ from jaxrl.rewards._math import (
   math_reward,
   normalize_answer,
 )
+from jaxrl.rewards._judge import (
+  PROVIDERS,
+  Judge,
+  JudgeConfig,
+  JudgeError,
+  JudgeResponse,
+  JudgeScoreError,
+  ProviderProfile,
+  expected_score,
+  get_judge,
+  parse_choice,
+  parse_score,
+)
 from jaxrl.rewards._reasoning_gym import ReasoningGymRewardConfig, reasoning_gym_dataset, reasoning_gym_reward
+from jaxrl.rewards._rubric import (
+  CATEGORY_WEIGHTS,
+  alignxplore_gen_reward,
+  alignxplore_jud_reward,
+  alignxplore_r_gen,
+  alignxplore_r_jud,
+  anchor_aggregate,
+  explicit_rubric_score,
+  judge_reward,
+  pairwise_judge_reward,
+  rubric_anchor_reward,
+  rubric_reward,
+)
 from jaxrl.rewards._runner import RewardBatch, RewardBudgetExceeded, RewardError, RewardRunner, RewardRunnerConfig
 from jaxrl.rewards._sandbox import (
   ExecResult,
@@ -41,6 +75,34 @@ from jaxrl.rewards._sandbox import (
 )
 
 __all__ = [
+  "HashingEmbedder",
+  "RubricSelection",
+  "coding_rate",
+  "propose_evaluate_revise",
+  "rubric_metrics",
+  "select_rubrics",
+  "CATEGORY_WEIGHTS",
+  "PROVIDERS",
+  "Judge",
+  "JudgeConfig",
+  "JudgeError",
+  "JudgeResponse",
+  "JudgeScoreError",
+  "ProviderProfile",
+  "alignxplore_gen_reward",
+  "alignxplore_jud_reward",
+  "alignxplore_r_gen",
+  "alignxplore_r_jud",
+  "anchor_aggregate",
+  "explicit_rubric_score",
+  "expected_score",
+  "get_judge",
+  "judge_reward",
+  "pairwise_judge_reward",
+  "parse_choice",
+  "parse_score",
+  "rubric_anchor_reward",
+  "rubric_reward",
   "CodeRewardConfig",
   "CodeRunResult",
   "ExecResult",

@@ -105,6 +105,12 @@ _BUILTIN = {
   "code": "jaxrl.rewards._code:code_reward",
   "format": "jaxrl.rewards._format:format_reward",
   "reasoning_gym": "jaxrl.rewards._reasoning_gym:reasoning_gym_reward",
+  "judge": "jaxrl.rewards._rubric:judge_reward",
+  "pairwise_judge": "jaxrl.rewards._rubric:pairwise_judge_reward",
+  "rubric": "jaxrl.rewards._rubric:rubric_reward",
+  "rubric_anchor": "jaxrl.rewards._rubric:rubric_anchor_reward",
+  "alignxplore_jud": "jaxrl.rewards._rubric:alignxplore_jud_reward",
+  "alignxplore_gen": "jaxrl.rewards._rubric:alignxplore_gen_reward",
 }
 
 
@@ -147,7 +153,8 @@ def load_reward(spec: str | Callable[..., Any], /, **kwargs: Any) -> Callable[..
     spec: ``"module:function"`` (any importable module, e.g. a user's
       ``"my_pkg.rewards:length_penalty"``; ``"jaxrl.rewards.math:math_reward"`` resolves to the
       private ``jaxrl.rewards._math``), a short built-in name (``"math"``, ``"code"``,
-      ``"format"``, ``"reasoning_gym"``) or a callable.
+      ``"format"``, ``"reasoning_gym"``, and the judge rewards ``"judge"``, ``"pairwise_judge"``,
+      ``"rubric"``, ``"rubric_anchor"``, ``"alignxplore_jud"``, ``"alignxplore_gen"``) or a callable.
     **kwargs: bound with `functools.partial`, e.g. ``config=MathRewardConfig.areal()`` or, from
       YAML, ``config={"correct_value": 5.0}``.
 

@@ -15,6 +15,8 @@ def main_rl(argv: list[str] | None = None) -> int:
   parser.add_argument("--config", help="YAML config file")
   parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
   ns = parser.parse_args(argv)
+  from jaxrl import sharding
+  sharding.initialize()  # multi-host when JAXRL_COORDINATOR/... or JAXRL_AUTO_DISTRIBUTED=1 are set (docs/multihost.md)
   try:
     cfg = config_lib.load(RLConfig, ns.config, ns.overrides)
   except config_lib.ConfigError as e:

@@ -13,6 +13,7 @@ from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
 from jaxrl.models._source import ModelSource
 from jaxrl.rewards import RewardRunnerConfig
+from jaxrl.rl import _validate
 from jaxrl.sft import CheckpointConfig
 
 
@@ -89,6 +90,35 @@ class OverlongPenalty:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+  """Rollouts on :class:`jaxrl.sampling.Engine` (decode slots over a paged KV cache)."""
+
+  num_slots: int = 64
+  "Decode slots (rows decoded together); a multiple of the data-parallel shards."
+  kv_cache_bytes: int | None = None
+  "KV-cache budget per device, in bytes; exclusive with `kv_cache_fraction`."
+  kv_cache_fraction: float | None = None
+  "KV-cache budget as a fraction of each device's free memory at engine start (where reported)."
+  block_size: int = 16
+  "Cache slots per block."
+  steps_per_call: int = 8
+  "Most decode steps per device call (a call also ends when a row finishes)."
+  prefill_rows: int = 4
+  "Prompts per prefill program."
+
+  def __post_init__(self):
+    for key in ("num_slots", "block_size", "steps_per_call", "prefill_rows"):
+      if getattr(self, key) < 1:
+        raise ValueError(f"rollout.engine.{key} must be >= 1, got {getattr(self, key)!r}")
+    if (self.kv_cache_bytes is None) == (self.kv_cache_fraction is None):
+      raise ValueError("rollout.engine: set exactly one of kv_cache_bytes and kv_cache_fraction")
+    if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+      raise ValueError(f"rollout.engine.kv_cache_bytes must be >= 1, got {self.kv_cache_bytes!r}")
+    if self.kv_cache_fraction is not None and not 0 < self.kv_cache_fraction <= 1:
+      raise ValueError(f"rollout.engine.kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
   """Sampling, dynamic sampling and overlong handling."""
 
@@ -114,6 +144,8 @@ class RolloutConfig:
   "DAPO soft overlong punishment; null disables it."
   decode_impl: Literal["kernel", "model"] = "kernel"
   "Sampler decode path (jaxrl.sampling.Sampler)."
+  engine: EngineConfig | None = None
+  "Roll out on the continuous-batching engine with this budget; null: jaxrl.sampling.Sampler."
   reward_overlap_chunks: int = 1
   ("Generate each round in this many prompt chunks; a chunk's rewards are scored in the pool while the "
    "next chunk generates (pays off for slow rewards such as the code sandbox). 1: generate all, then score. "
@@ -151,12 +183,16 @@ class RewardSection:
   """The reward function and its runner."""
 
   fn: str = "jaxrl.rl:arithmetic_reward"
-  "Import path ``module:function`` or a built-in name (math, code, format, reasoning_gym)."
+  ("Import path ``module:function`` or a built-in name (math, code, format, reasoning_gym, judge, pairwise_judge, "
+   "rubric, rubric_anchor, alignxplore_jud, alignxplore_gen).")
   kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
   "Bound to the function, e.g. {config: {correct_value: 5.0, incorrect_value: -5.0}}."
   runner: RewardRunnerConfig = dataclasses.field(default_factory=RewardRunnerConfig)
   correct_threshold: float = 0.5
   "A sample counts as correct (the `accuracy` metric) when its task reward exceeds this."
+
+  def __post_init__(self):
+    _validate.check_reward(self.fn, self.kwargs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -199,6 +235,8 @@ class AlgorithmConfig:
                        f"known: {list(losses.AGGREGATION_MODES)}")
     if self.kl_estimator not in losses.KL:
       raise ValueError(f"algorithm.kl_estimator: unknown {self.kl_estimator!r}; known: {sorted(losses.KL)}")
+    _validate.check_advantage(self.advantage, self.advantage_kwargs)
+    _validate.check_objective(self.objective, self.objective_kwargs)
     for key in ("ppo_epochs", "mini_batches", "logprob_chunk_size"):
       if getattr(self, key) < 1:
         raise ValueError(f"algorithm.{key} must be >= 1, got {getattr(self, key)!r}")
@@ -219,7 +257,8 @@ class MicroBatchConfig:
   token_budget: int = 8192
   "Tokens per micro-batch (all of its rows together): `token_budget // row_len` rows."
   row_len: int | None = None
-  "Tokens per packed row; default `data.max_prompt_tokens` + the largest `max_new_tokens`."
+  ("Tokens per packed row (every stage); default `data.max_prompt_tokens` + the current context stage's "
+   "`max_new_tokens`, so early short-context stages pack short rows.")
   bucket: Literal["pow2", "exact"] = "pow2"
   "Micro-batch count per update: rounded up to a power of two (fewer compilations) or exact."
 
@@ -261,6 +300,20 @@ class RLEvalConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanSection:
+  """What ``jaxrl plan`` checks this recipe against (docs/scaling.md)."""
+
+  targets: tuple[str, ...] = ()
+  "Hardware the recipe is meant for, names of jaxrl.plan.TARGETS (e.g. [v5p-8, h100x8])."
+  preset: str | None = None
+  "Model shapes to plan with when model.hf_dir is not on this machine (a jaxrl.models.PRESETS name)."
+
+  def __post_init__(self):
+    if self.preset is not None and self.preset not in models.PRESETS:
+      raise ValueError(f"plan.preset: unknown {self.preset!r}; known: {sorted(models.PRESETS)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RLConfig:
   """``jaxrl rl --config FILE``: GRPO / DAPO / GRPO+ / decoupled PPO on one mesh."""
 
@@ -288,6 +341,8 @@ class RLConfig:
   export_hf: bool = False
   "Write an HF directory (out_dir/hf) at the end."
   tensorboard: bool = True
+  plan: PlanSection = dataclasses.field(default_factory=PlanSection)
+  "Targets and model shapes for ``jaxrl plan`` (ignored by training)."
 
   def __post_init__(self):
     if self.steps < 1:
@@ -308,7 +363,12 @@ class RLConfig:
 
   @property
   def row_len(self) -> int:
+    """The longest packed row of any stage (``micro_batch.row_len`` when set)."""
     return self.micro_batch.row_len or self.data.max_prompt_tokens + self.rollout.max_max_new_tokens
+
+  def row_len_at(self, step: int) -> int:
+    """Packed row length at RL step ``step``: ``micro_batch.row_len``, else prompt + that stage's response budget."""
+    return self.micro_batch.row_len or self.data.max_prompt_tokens + self.rollout.stage(step)[1]
 
   @property
   def updates_per_step(self) -> int:

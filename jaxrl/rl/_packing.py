@@ -128,3 +128,16 @@ def pack_sequences(seqs: Sequence[dict[str, np.ndarray]], *, row_len: int, rows:
         o += n
   arrays["mb_index"] = np.broadcast_to(np.arange(m, dtype=np.int32)[:, None], (m, rows)).copy()
   return PackedBatch(arrays=arrays, num_micro=len(assignment), tokens=int(sum(lengths)), assignment=assignment)
+
+
+def pad_micro_batches(pb: PackedBatch, m: int) -> PackedBatch:
+  """``pb`` with all-padding micro-batches appended up to ``m`` (processes agree on one count)."""
+  have = pb.shape[0]
+  if m < have:
+    raise ValueError(f"cannot pad {have} micro-batches down to {m}")
+  if m == have:
+    return pb
+  arrays = {k: np.concatenate([v, np.zeros((m - have, *v.shape[1:]), v.dtype)]) for k, v in pb.arrays.items()}
+  idx = arrays["mb_index"]
+  idx[have:] = np.arange(have, m, dtype=np.int32).reshape(-1, *([1] * (idx.ndim - 1)))
+  return dataclasses.replace(pb, arrays=arrays)

@@ -14,6 +14,13 @@ One step (DESIGN.md, "One RL step, as data"):
    the frozen initial model when β > 0).
 5. ``ppo_epochs`` × mini-batches of ``make_train_step`` updates with ``OBJECTIVES[name]``; the
    aggregation normaliser is computed once per mini-batch, so the packing does not change the result.
+   Recomputed π_old / π_ref stay on device (one jitted scan over the micro-batches) until the update.
+
+On several processes (``jax.distributed``, docs/multihost.md) every process draws the same global prompt
+stream and generates, scores and packs its own contiguous share (``prompts_per_step / processes``
+prompts, whole GRPO groups); advantages, dynamic-sampling decisions and metrics use explicitly
+all-gathered per-sample scalars, so the result equals one process's; packed micro-batches become global
+arrays from each process's rows (``jax.make_array_from_process_local_data``).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from jaxrl import losses, models, sampling, sharding, train
 from jaxrl.rewards import RewardRunner
 from jaxrl.rl._config import RLConfig
 from jaxrl.rl._loss import MICRO_VECTOR_PREFIX, make_logprob_fn, make_loss_fn, make_prepare
-from jaxrl.rl._packing import PackedBatch, pack_sequences
+from jaxrl.rl._packing import PackedBatch, pack_sequences, pad_micro_batches
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields
 from jaxrl.rl._rollout import (
     Rollout,
@@ -70,7 +77,15 @@ class RLTrainer:
     self.cfg = cfg
     self.out_dir = Path(cfg.out_dir)
     self.out_dir.mkdir(parents=True, exist_ok=True)
-    (self.out_dir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
+    self.procs, self.pid = jax.process_count(), jax.process_index()
+    if self.pid == 0:
+      (self.out_dir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
+    if cfg.rollout.prompts_per_step % self.procs:
+      raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of the "
+                       f"{self.procs} processes (each generates an equal share of whole prompt groups)")
+    if self.procs > 1 and getattr(cfg.rollout, "engine", None) is not None:
+      raise ValueError("rollout.engine: the continuous-batching engine runs on one process only so far; set "
+                       "rollout.engine=null on several processes (jaxrl.sampling.Sampler is multi-process)")
     self.mesh = cfg.mesh.build()
     self.rules = cfg.mesh.logical_rules()
     self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
@@ -90,7 +105,8 @@ class RLTrainer:
     else:
       self.graphdef, params = nnx.split(model)
     # Without LoRA the reference is a copy of the initial weights; skipped entirely when β = 0.
-    self.ref_params = jax.tree.map(jnp.copy, params) if algo.kl_coef > 0 and cfg.lora is None else None
+    self.ref_params = (models.cast_params(params, model.cfg.dtype, copy=True)  # compute-dtype copy, on device
+                       if algo.kl_coef > 0 and cfg.lora is None else None)
     self.ref_logprob_fn = None
     if algo.kl_coef > 0 and cfg.lora is not None:
       self.ref_logprob_fn = make_logprob_fn(self.graphdef, temperature=cfg.rollout.temperature,
@@ -98,21 +114,19 @@ class RLTrainer:
     total_updates = cfg.steps * cfg.updates_per_step
     self.optimizer = train.make_optimizer(optim_cfg, total_updates, lr_scale=lr_scale)
     self.schedule = train.make_schedule(optim_cfg, total_updates)
+    sharding.barrier("rl-init")  # processes start their first collectives together
     self.state = _on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
     self.train_prompts, self.heldout_prompts = load_prompt_sets(cfg.data, self.tokenizer)
     self.stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
     self.rewards = RewardRunner(cfg.reward.fn, config=cfg.reward.runner, reward_kwargs=cfg.reward.kwargs)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
     self.data_parallel = math.prod(self.mesh.shape[a] for a in self.rules.mesh_axes("batch"))
-    self.row_len = cfg.row_len
-    self.rows = cfg.micro_batch.token_budget // self.row_len
-    if self.rows % self.data_parallel:
-      raise ValueError(
-          f"micro_batch: token_budget={cfg.micro_batch.token_budget} // row_len={self.row_len} = {self.rows} rows "
-          f"per micro-batch; it must be a multiple of the {self.data_parallel} data-parallel devices")
+    for first in [1] + [s.start_step for s in cfg.rollout.context_schedule]:
+      self.layout(first)  # every stage's micro-batch shape is checked up front
     self.logprob_fn = make_logprob_fn(self.graphdef, temperature=cfg.rollout.temperature,
                                       chunk_size=algo.logprob_chunk_size, lora=cfg.lora is not None)
     self._steps: dict[tuple[int, int], Any] = {}
+    self._logprob_programs: dict[tuple[int, int], Any] = {}
     self.sampler: sampling.Sampler | None = None
     self._stage = 0
     self.history: list[dict[str, float]] = []
@@ -122,6 +136,20 @@ class RLTrainer:
     if cfg.checkpoint.every or cfg.rollout.context_schedule:
       self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every or 10**9,
                                              keep=cfg.checkpoint.keep)
+
+  def layout(self, step: int) -> tuple[int, int]:
+    """``(row_len, rows)`` of the packed micro-batches at ``step``: the stage's row length (not the
+    largest stage's) and ``token_budget // row_len`` global rows."""
+    cfg = self.cfg
+    row_len = cfg.row_len_at(step)
+    rows = cfg.micro_batch.token_budget // row_len
+    unit = math.lcm(self.data_parallel, self.procs)
+    if rows % unit:
+      raise ValueError(
+          f"micro_batch: token_budget={cfg.micro_batch.token_budget} // row_len={row_len} = {rows} rows per "
+          f"micro-batch at step {step}; it must be a multiple of the {self.data_parallel} data-parallel devices "
+          f"and of the {self.procs} processes")
+    return row_len, rows
 
   # ------------------------------------------------------------------------------------------------
   # Sampling
@@ -133,14 +161,22 @@ class RLTrainer:
   def _eval_max_new(self, step: int) -> int:
     return self.cfg.eval.max_new_tokens or self.cfg.rollout.stage(step)[1]
 
-  def _sampler_for(self, step: int) -> sampling.Sampler:
-    """The sampler for ``step``'s stage, holding the current parameters (rebuilt when max_len grows)."""
+  def _sampler_for(self, step: int) -> sampling.Sampler | sampling.Engine:
+    """The sampler (or, with ``rollout.engine``, the engine) for ``step``'s stage, holding the current
+    parameters (rebuilt when max_len grows)."""
     max_len = self.cfg.data.max_prompt_tokens + max(self.cfg.rollout.stage(step)[1], self._eval_max_new(step))
     model = self.current_model()
     version = int(self.state.step)
+    eng = self.cfg.rollout.engine
     if self.sampler is None or self.sampler.max_len != max_len:
-      self.sampler = sampling.Sampler(model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len,
-                                      decode_impl=self.cfg.rollout.decode_impl, version=version)
+      if eng is not None:  # continuous batching over a paged cache, same generate contract
+        self.sampler = sampling.Engine(
+            model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len, num_slots=eng.num_slots,
+            kv_cache_bytes=eng.kv_cache_bytes, kv_cache_fraction=eng.kv_cache_fraction, block_size=eng.block_size,
+            steps_per_call=eng.steps_per_call, prefill_rows=eng.prefill_rows, version=version)
+      else:
+        self.sampler = sampling.Sampler(model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len,
+                                        decode_impl=self.cfg.rollout.decode_impl, version=version)
     else:
       self.sampler.set_weights(model, version=version)
     return self.sampler
@@ -205,22 +241,28 @@ class RLTrainer:
     drawn: list[Rollout] = []
     n_kept = 0
     times = {"time_generate": 0.0, "time_reward": 0.0, "reward_errors": 0.0}
+    per = want // self.procs  # this process's share of each round: prompts [pid·per, (pid+1)·per)
+    mine = slice(self.pid * per, (self.pid + 1) * per)
     while True:
-      idx, request_ids = self.stream.take(want)
-      part, info = self._generate(sampler, idx, request_ids, max_new=max_new, n=n)
+      idx, request_ids = self.stream.take(want)  # the global stream: the same on every process
+      part, info = self._generate(sampler, idx[mine], request_ids[mine], max_new=max_new, n=n)
       for k in times:
         times[k] += info[k]
       drawn.append(part)
       if not r.dynamic_sampling:
-        kept, n_kept = [part], part.num_groups
+        kept, n_kept = [part], want
         break
-      good = np.flatnonzero(informative_groups(part.rewards, part.group_ids, part.num_groups))[:want - n_kept]
-      if len(good):
-        kept.append(part.select_groups(good))
-        n_kept += len(good)
+      flags = informative_groups(part.rewards, part.group_ids, part.num_groups)
+      if self.procs > 1:  # the same decision on every process: over all groups, in process order
+        flags = sharding.allgather_rows({"f": flags})[0]["f"]
+      good = np.flatnonzero(flags)[:want - n_kept]
+      local = good[(good >= mine.start) & (good < mine.stop)] - mine.start
+      if len(local):
+        kept.append(part.select_groups(local))
+      n_kept += len(good)
       if n_kept >= want or len(drawn) >= r.max_rounds:
         break
-    everything = concat_rollouts(drawn)
+    everything = self._global_view(concat_rollouts(drawn))
     metrics = self._rollout_metrics(everything)
     metrics.update(times)
     gen_tokens = float(everything.lengths.sum())
@@ -229,7 +271,28 @@ class RLTrainer:
       metrics["dynamic/groups_kept"] = float(n_kept)
       metrics["dynamic/rounds"] = float(len(drawn))
       metrics["dynamic/groups_generated"] = float(everything.num_groups)
-    return (concat_rollouts(kept) if n_kept else None), metrics
+    if not n_kept:
+      return None, metrics
+    if not kept:  # other processes hold every kept group: an empty share (all processes still update)
+      return drawn[0].select_groups(np.zeros((0,), np.int64)), metrics
+    return concat_rollouts(kept), metrics
+
+  def _global_view(self, ro: Rollout) -> Rollout:
+    """The per-sample scalars of every process's ``ro`` (process order; group ids made global) for
+    statistics: advantages, masks, metrics. Prompts, texts and tokens are not gathered (zeros)."""
+    if self.procs == 1:
+      return ro
+    got, counts = sharding.allgather_rows({
+        "rewards": ro.rewards, "task_rewards": ro.task_rewards, "lengths": ro.lengths,
+        "truncated": ro.truncated, "group_ids": ro.group_ids})
+    groups = sharding.allgather_scalar(ro.num_groups)
+    offsets = np.repeat(np.cumsum(groups) - groups, counts)
+    total = int(counts.sum())
+    return Rollout(prompt_ids=(np.zeros((0,), np.int32),) * total,
+                   tokens=np.zeros((total, ro.tokens.shape[1]), np.int32),
+                   logprobs=np.zeros((total, ro.tokens.shape[1]), np.float32), lengths=got["lengths"],
+                   truncated=got["truncated"], group_ids=(got["group_ids"] + offsets).astype(np.int32),
+                   rewards=got["rewards"], task_rewards=got["task_rewards"], texts=("",) * total)
 
   def _rollout_metrics(self, ro: Rollout) -> dict[str, float]:
     thr = self.cfg.reward.correct_threshold
@@ -260,36 +323,64 @@ class RLTrainer:
     return self._steps[key]
 
   def _device(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """This process's rows → global arrays (process ``p``'s rows form the ``p``-th block)."""
     return {k: sharding.global_batch(v, self.batch_sharding) for k, v in arrays.items()}
 
-  def _forward(self, params, packed: PackedBatch, *, fn=None) -> np.ndarray:  # [M, R, T]
-    fn = fn or self.logprob_fn
-    out = np.zeros(packed.shape, np.float32)
-    for m in range(packed.num_micro):
-      mb = packed.micro_batch(m)
+  def _logprob_program(self, fn, num_micro: int):
+    """Jitted ``(params, interleaved batch, *frozen) -> [R·M, T]`` masked log-probs, scanning the
+    micro-batches on device (one micro-batch live at a time); the result stays on device."""
+    key = (id(fn), num_micro)
+    if key not in self._logprob_programs:
       keys = ("tokens", "targets", "positions", "segment_ids")
-      out[m] = np.asarray(fn(params, self._device({k: mb[k] for k in keys}), *self.frozen))
-    return out * packed.arrays["loss_mask"]
+
+      def run(params, batch, *frozen):
+        micro = train.split_micro_batches({k: batch[k] for k in keys}, num_micro, mesh=self.mesh)
+        lp = jax.lax.map(lambda mb: fn(params, mb, *frozen), micro)  # [M, R, T]
+        lp = jnp.swapaxes(lp, 0, 1).reshape(batch["tokens"].shape)  # back to the interleaved rows
+        return lp * batch["loss_mask"]
+      self._logprob_programs[key] = jax.jit(run, out_shardings=self.batch_sharding)
+    return self._logprob_programs[key]
+
+  def _forward(self, params, batch: dict[str, jax.Array], num_micro: int, *, fn=None) -> jax.Array:  # [R·M, T]
+    return self._logprob_program(fn or self.logprob_fn, num_micro)(params, batch, *self.frozen)
 
   def pack(self, rollout: Rollout, step: int) -> tuple[list[PackedBatch], dict[str, float]]:
-    """Advantages, masks and the packed mini-batches of one step."""
+    """Advantages, masks and this process's packed mini-batches of one step.
+
+    Advantages and masks are computed over every process's samples (gathered scalars), the groups are
+    split into mini-batches globally, and each process packs its own groups of each mini-batch into
+    ``rows / processes`` rows per micro-batch; all processes pad to the same micro-batch count.
+    """
     cfg, algo = self.cfg, self.cfg.algorithm
-    mask = loss_mask(rollout, overlong_filter=cfg.rollout.overlong_filter)
-    adv, metrics = compute_advantages(rollout, name=algo.advantage, options=algo.advantage_kwargs)
-    seqs = sequence_fields(rollout, adv, mask)
-    order = np.random.default_rng([cfg.seed, step]).permutation(rollout.num_groups)
+    row_len, rows = self.layout(step)
+    groups = sharding.allgather_scalar(rollout.num_groups)
+    samples = sharding.allgather_scalar(rollout.num_samples)
+    g0, r0 = int(groups[:self.pid].sum()), int(samples[:self.pid].sum())
+    everything = self._global_view(rollout)
+    mask_all = loss_mask(everything, overlong_filter=cfg.rollout.overlong_filter)
+    adv_all, metrics = compute_advantages(everything, name=algo.advantage, options=algo.advantage_kwargs)
+    mine = slice(r0, r0 + rollout.num_samples)
+    local = dataclasses.replace(rollout, group_ids=(rollout.group_ids + g0).astype(np.int32))
+    seqs = sequence_fields(local, adv_all[mine], mask_all[mine])
+    order = np.random.default_rng([cfg.seed, step]).permutation(int(groups.sum()))
     packed = []
     for chunk in np.array_split(order, algo.mini_batches):
       if not len(chunk):
         continue
-      rows = np.concatenate([np.flatnonzero(rollout.group_ids == g) for g in chunk])
-      pb = pack_sequences([seqs[i] for i in rows], row_len=self.row_len, rows=self.rows,
+      own = [g for g in chunk if g0 <= g < g0 + rollout.num_groups]
+      idx = np.concatenate([np.flatnonzero(local.group_ids == g) for g in own]) if own else []
+      pb = pack_sequences([seqs[i] for i in idx], row_len=row_len, rows=rows // self.procs,
                           bucket=cfg.micro_batch.bucket)
+      pb = pad_micro_batches(pb, int(sharding.allgather_scalar(pb.shape[0]).max()))
       pb.arrays["mb_index"] = pb.arrays["mb_index"][..., None]
       packed.append(pb)
-    metrics["advantage/abs_mean"] = float(np.abs(adv).sum() / max(mask.sum(), 1.0))
+    tokens = sharding.allgather_rows({"t": np.asarray([p.tokens for p in packed], np.int64)})[0]["t"]
+    tokens = tokens.reshape(self.procs, len(packed)).sum(0)  # [mini-batches] global real tokens
+    metrics["advantage/abs_mean"] = float(np.abs(adv_all).sum() / max(mask_all.sum(), 1.0))
     metrics["train/micro_batches"] = float(np.mean([p.shape[0] for p in packed]))
-    metrics["train/pack_efficiency"] = float(np.mean([p.efficiency for p in packed]))
+    metrics["train/pack_efficiency"] = float(np.mean([t / (p.shape[0] * rows * row_len)
+                                                      for t, p in zip(tokens, packed)]))
+    metrics["train/tokens"] = float(tokens.sum() * algo.ppo_epochs)
     return packed, metrics
 
   def update(self, rollout: Rollout, step: int) -> dict[str, float]:
@@ -297,27 +388,28 @@ class RLTrainer:
     cfg, algo = self.cfg, self.cfg.algorithm
     packed, metrics = self.pack(rollout, step)
     recompute = algo.old_logprobs == "recompute" and (len(packed) > 1 or algo.ppo_epochs > 1)
-    for pb in packed:
-      pb.arrays["old_logprobs"] = self._forward(self.state.params, pb) if recompute else (
-          pb.arrays["sampler_logprobs"].copy())
+    batches = []
+    for pb in packed:  # π_old and π_ref of every mini-batch at the rollout parameters, before any update
+      batch = self._device(pb.interleaved())
+      m = pb.shape[0]
+      batch["old_logprobs"] = self._forward(self.state.params, batch, m) if recompute else batch["sampler_logprobs"]
       if self.ref_params is not None:
-        pb.arrays["ref_logprobs"] = self._forward(self.ref_params, pb)
+        batch["ref_logprobs"] = self._forward(self.ref_params, batch, m)
       elif self.ref_logprob_fn is not None:  # LoRA: the base with adapters off
-        pb.arrays["ref_logprobs"] = self._forward(self.state.params, pb, fn=self.ref_logprob_fn)
+        batch["ref_logprobs"] = self._forward(self.state.params, batch, m, fn=self.ref_logprob_fn)
+      batches.append(batch)
     max_len = algo.aggregation_max_len or cfg.rollout.stage(step)[1]
     raw = []
     for epoch in range(algo.ppo_epochs):
-      for k, pb in enumerate(packed):
+      for k, (pb, batch) in enumerate(zip(packed, batches)):
         current_as_old = epoch == 0 and k == 0 and algo.old_logprobs == "recompute"
         step_fn = self._step_fn(pb.shape[0], max_len)
-        self.state, out = step_fn(self.state, self._device(pb.interleaved()), *self.frozen,
-                                  jnp.asarray(current_as_old))
+        self.state, out = step_fn(self.state, batch, *self.frozen, jnp.asarray(current_as_old))
         raw.append(out)
-    raw = jax.device_get(raw)
+    raw = sharding.to_host(raw)
     updates = [_update_metrics(u) for u in raw]
     self.update_history.extend(dict(u, step=float(step)) for u in updates)
     metrics.update(_step_metrics(updates))
-    metrics["train/tokens"] = float(sum(p.tokens for p in packed) * algo.ppo_epochs)
     return metrics
 
   # ------------------------------------------------------------------------------------------------
@@ -333,6 +425,9 @@ class RLTrainer:
       ev = dataclasses.replace(ev, temperature=ev.temperature if temperature is None else temperature,
                                samples=ev.samples if samples is None else samples)
     idx = list(range(min(ev.prompts, len(self.heldout_prompts))))
+    if self.procs > 1:  # an equal share per process: the last prompt repeats to fill the last share
+      per = -(-len(idx) // self.procs)
+      idx = (idx + idx[-1:] * (per * self.procs - len(idx)))[self.pid * per:(self.pid + 1) * per]
     out = self._sampler_for(step).generate(
         [self.heldout_prompts.ids[i].tolist() for i in idx], n=ev.samples, max_new_tokens=self._eval_max_new(step),
         temperature=ev.temperature, top_p=self.cfg.rollout.top_p if ev.temperature else 1.0, seed=self.cfg.seed + 1,
@@ -348,9 +443,15 @@ class RLTrainer:
       return {}
     idx, out, ev = got
     scored = self._score(self.heldout_prompts, idx, ev.samples, out)
-    correct = (scored.rewards > self.cfg.reward.correct_threshold).reshape(len(idx), ev.samples)
-    metrics = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(scored.rewards.mean()),
-               f"{prefix}/length_mean": float(out.lengths.mean())}
+    rewards = scored.rewards.reshape(len(idx), ev.samples)
+    lengths = out.lengths.reshape(len(idx), ev.samples)
+    if self.procs > 1:  # every process's share, without the repeated filler prompts
+      got, _ = sharding.allgather_rows({"r": rewards, "l": lengths})
+      real = min(ev.prompts, len(self.heldout_prompts))
+      rewards, lengths = got["r"][:real], got["l"][:real]
+    correct = rewards > self.cfg.reward.correct_threshold
+    metrics = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(rewards.mean()),
+               f"{prefix}/length_mean": float(lengths.mean())}
     if ev.samples > 1:
       metrics[f"{prefix}/pass@{ev.samples}"] = float(correct.any(axis=1).mean())
     return metrics
@@ -381,7 +482,9 @@ class RLTrainer:
     if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
       start_step = self._restore()
     self._stage = cfg.rollout.stage(max(start_step, 1))[0]
-    logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="rl",
+    # Process 0 logs to out_dir; others (same global metrics) to out_dir/processes/K, never the same files.
+    log_dir = self.out_dir if self.pid == 0 else self.out_dir / "processes" / str(self.pid)
+    logger = train.MetricsLogger(log_dir, total_steps=cfg.steps, desc="rl",
                                  show=("reward/mean", "accuracy", "eval/accuracy", "response/length_mean", "tok_s/rollout",
                                        "tok_s/train"),
                                  tensorboard=cfg.tensorboard)
@@ -394,6 +497,7 @@ class RLTrainer:
     for step in range(start_step + 1, last + 1):
       if cfg.rollout.stage(step)[0] != self._stage:
         self._begin_stage(step, logger)
+      sharding.barrier("rl-step")
       t0 = time.perf_counter()
       rollout, metrics = self.collect(step)
       self.last_rollout = rollout
@@ -401,6 +505,7 @@ class RLTrainer:
         logger.note(f"step {step}: no informative group after {metrics.get('dynamic/rounds', 1):.0f} rounds; "
                     "no update")
       else:
+        sharding.barrier("rl-update")
         t1 = time.perf_counter()
         metrics.update(self.update(rollout, step))
         metrics["time_train"] = time.perf_counter() - t1
@@ -416,6 +521,11 @@ class RLTrainer:
       self._save(step, force=step == last)
     if self.checkpointer is not None:
       self.checkpointer.close()
+    if start_step >= last and eval_every and last == cfg.steps:
+      # Resumed at (or past) the end: no step ran here, so the final evaluation is redone for the results.
+      ev = self.evaluate(last)
+      if ev:
+        results["eval_after"] = ev
     plot = logger.close(title="rl")
     results.update(steps=last, plot=str(plot) if plot else None, skipped=int(self.state.skipped),
                    rewards=[h["reward/mean"] for h in self.history],
@@ -428,7 +538,8 @@ class RLTrainer:
       if cfg.lora is not None:
         models.save_peft(model, self.out_dir / "adapter")
         results["adapter_dir"] = str(self.out_dir / "adapter")
-    (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    if self.pid == 0:
+      (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 
   def close(self) -> None:

@@ -1,4 +1,4 @@
-"""KV-cache sampler for RL rollouts: prefill and decode loop jitted per shape bucket.
+"""KV-cache sampler and rollout engine (continuous batching over a paged KV cache) for RL rollouts.
 
 Example::
 
@@ -13,6 +13,7 @@ Example::
 """
 
 from jaxrl.sampling._decode import decode_step
+from jaxrl.sampling._engine import Completion, Engine, EngineMetrics, Request
 from jaxrl.sampling._layers import unstack_layers
 from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask
 from jaxrl.sampling._sampler import (
@@ -25,8 +26,12 @@ from jaxrl.sampling._sampler import (
 )
 
 __all__ = [
+    "Completion",
+    "Engine",
+    "EngineMetrics",
     "FINISH_REASONS",
     "SampleOutput",
+    "Request",
     "Sampled",
     "Sampler",
     "SamplerState",

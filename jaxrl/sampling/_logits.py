@@ -8,6 +8,7 @@ threshold, which are all kept.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -99,6 +100,49 @@ def truncation_mask(
   return mask | (keys == jnp.max(keys, axis=-1, keepdims=True))
 
 
+def _first_argmax(x: jax.Array) -> jax.Array:  # [R, V] float32 -> [R] int32
+  """``argmax`` (first maximal index) as two plain reductions: XLA:CPU runs its variadic
+  (value, index) reduction several times slower than a max and a min."""
+  m = jnp.max(x, axis=-1, keepdims=True)
+  iota = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  return jnp.minimum(jnp.min(jnp.where(x == m, iota, x.shape[-1]), axis=-1), x.shape[-1] - 1)  # NaN rows: V - 1
+
+
+def _inverse_cdf(probs: jax.Array, u: jax.Array) -> jax.Array:  # [R, V] >= 0, [R] in [0, 1) -> [R] int32
+  """Inverse-CDF draw: the last token ``v`` with ``p_v > 0`` and ``Σ_{w<v} p_w <= u · Σ_w p_w``.
+
+  Exact categorical sampling from ``probs / Σ probs`` with one uniform per row, in two levels of
+  about ``sqrt(V)`` (block sums, then the chosen block) so no long sequential scan is needed; the
+  prefix sums are matmuls with a triangular matrix at full float32 precision. A token with
+  ``p_v = 0`` is never chosen, whatever the rounding, as long as the row has positive mass.
+  """
+  r, v = probs.shape
+  b = max(1, math.isqrt(v - 1) + 1)  # block size: ceil(sqrt(V))
+  nb = -(-v // b)
+  p = jnp.pad(probs, ((0, 0), (0, nb * b - v))).reshape(r, nb, b)
+  hi = lax.Precision.HIGHEST
+
+  def last_fit(mass, target):  # [R, N] >= 0, [R] -> [R] int32: last j with mass_j > 0, prefix_j <= target
+    n = mass.shape[-1]
+    strict_upper = jnp.triu(jnp.ones((n, n), jnp.float32), k=1)
+    before = jnp.einsum("rj,jk->rk", mass, strict_upper, precision=hi)  # Σ_{i<k} mass_i
+    iota = lax.broadcasted_iota(jnp.int32, mass.shape, 1)
+    ok = (mass > 0) & (before <= target[:, None])
+    return jnp.max(jnp.where(ok, iota, 0), axis=-1), before
+
+  block_mass = jnp.sum(p, axis=-1)  # [R, NB]
+  target = u * jnp.sum(block_mass, axis=-1)
+  blk, before = last_fit(block_mass, target)
+  rest = target - jnp.take_along_axis(before, blk[:, None], axis=1)[:, 0]
+  inner = jnp.take_along_axis(p, blk[:, None, None], axis=1)[:, 0]  # [R, B]
+  j, _ = last_fit(inner, jnp.maximum(rest, 0.0))
+  return blk * b + j
+
+
+def _uses_filters(top_k: jax.Array, top_p: jax.Array, min_p: jax.Array, vocab: int) -> jax.Array:  # -> [] bool
+  return jnp.any(((top_k > 0) & (top_k < vocab)) | (top_p < 1.0) | (min_p > 0.0))
+
+
 def sample_logits(
     logits: jax.Array,  # [R, V] float32
     keys: jax.Array,  # [R] PRNG keys
@@ -110,8 +154,11 @@ def sample_logits(
 ) -> Sampled:
   """Samples one token per row from ``softmax(logits / T)`` restricted by :func:`truncation_mask`.
 
-  Sampling is Gumbel-max over the kept tokens, with noise drawn from the row's own key, so a row's
-  draw does not depend on the other rows. ``T = 0`` rows take the argmax.
+  Sampling is by inverse CDF with one uniform ``u ~ U[0, 1)`` drawn from the row's own key, so a
+  row's draw depends only on its logits, parameters and key (same seed, request and step → same
+  token), not on the other rows. ``T = 0`` rows take the argmax. The truncation work is skipped
+  (``lax.cond``) when no row sets top-k, top-p or min-p, and all sampling when every row is greedy,
+  so an unfiltered temperature-1 step costs a softmax and a few reductions over the logits.
 
   Log-prob conventions:
     * ``logprobs = log_softmax(logits / T)[token]`` — the full, untruncated distribution at the
@@ -128,27 +175,31 @@ def sample_logits(
     :class:`Sampled` with ``[R]`` tokens, logprobs and sampling_logprobs.
   """
   logits = logits.astype(jnp.float32)
+  v = logits.shape[-1]
   greedy = temperature <= 0.0
   t_eff = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
   scaled = logits / t_eff[:, None]  # [R, V]
-  log_probs = jax.nn.log_softmax(scaled, axis=-1)
-  argmax = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+  lse = jax.nn.logsumexp(scaled, axis=-1)  # [R]
+  argmax = _first_argmax(scaled)
 
   def draw(_):
-    mask = truncation_mask(scaled, top_k=top_k, top_p=top_p, min_p=min_p)
-    masked = jnp.where(mask, scaled, -jnp.inf)
-    noise = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
-    token = jnp.argmax(masked + noise, axis=-1).astype(jnp.int32)
+    def truncate(scaled):
+      mask = truncation_mask(scaled, top_k=top_k, top_p=top_p, min_p=min_p)
+      masked = jnp.where(mask, scaled, -jnp.inf)
+      return masked, jax.nn.logsumexp(masked, axis=-1)
+
+    masked, masked_lse = lax.cond(_uses_filters(top_k, top_p, min_p, v), truncate, lambda s: (s, lse), scaled)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)  # [R]
+    token = _inverse_cdf(jnp.exp(masked - masked_lse[:, None]), u)
     token = jnp.where(greedy, argmax, token)
-    lse = jax.nn.logsumexp(masked, axis=-1)
     picked = jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0]
-    return token, jnp.where(greedy, 0.0, picked - lse)
+    return token, jnp.where(greedy, 0.0, picked - masked_lse)
 
   def all_greedy(_):
     return argmax, jnp.zeros(argmax.shape, jnp.float32)
 
   token, sampling_lp = lax.cond(jnp.all(greedy), all_greedy, draw, None)
-  lp = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
+  lp = jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0] - lse
   return Sampled(tokens=token, logprobs=lp, sampling_logprobs=sampling_lp)
 
 

@@ -309,6 +309,7 @@ class Sampler:
     """
     ids = self._encode_prompts(prompts)
     count = len(ids)
+    procs = jax.process_count() if self.mesh is not None else 1
     if not isinstance(n, int) or n < 1:
       raise ValueError(f"n: must be a positive int, got {n!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
@@ -323,12 +324,16 @@ class Sampler:
     tk = _per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
     mp = _per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
     if request_ids is None:
-      request_ids = np.arange(count)
+      request_ids = np.arange(count) + (jax.process_index() * count if procs > 1 else 0)
     request_ids = np.asarray(request_ids)
     if (request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer)
         or (request_ids < 0).any() or (request_ids >= 2**31).any()):
       raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
     stops, stop_strings = self._stops(stop_token_ids, stop_strings)
+    local_count = count
+    if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
+      ids, (temp, tp, tk, mp, request_ids) = _gather_prompts(ids, (temp, tp, tk, mp, request_ids))
+      count = len(ids)
 
     lens = np.array([len(x) for x in ids], np.int32)
     row_max_new = np.minimum(max_new_tokens, self.max_len - lens)  # [count] completions cut at max_len
@@ -361,7 +366,10 @@ class Sampler:
     rows_out = self._programs.decode(self.params, rows_out, stops, budget, jnp.int32(self.version))
     state = SamplerState(rows=rows_out, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
                          prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings)
-    return self._finish(state, return_state=return_state)
+    out = self._finish(state, return_state=return_state)
+    if procs > 1:
+      out = _process_rows(out, jax.process_index() * local_count, local_count, n)
+    return out
 
   def resume(self, state: SamplerState, new_model=None, *, version: int | None = None,
              max_steps: int | None = None, return_state: bool = False) -> SampleOutput:
@@ -441,9 +449,11 @@ class Sampler:
   # Input handling
 
   def _placed(self, model):
-    """The model as the programs read it: on the mesh, and unstacked when ``unstack_layers``."""
+    """The model as the programs read it: compute-dtype weights (a copy cast on device when the master
+    weights are stored wider), on the mesh with its placement, and unstacked when ``unstack_layers``."""
+    model = models.cast_params(model, model.cfg.dtype)
     if self.unstack_layers:
-      return _layers.unstack_layers(model, mesh=self.mesh, rules=self.rules)
+      model = _layers.unstack_layers(model, mesh=self.mesh, rules=self.rules)
     return model if self.mesh is None else models.shard_model(model, self.mesh, self.rules)
 
   def _check_token(self, t, name: str) -> int:
@@ -535,7 +545,7 @@ class Sampler:
                  versions=rows.versions, n_gen=rows.n_gen, done=rows.done, reason=rows.reason,
                  prompt_len=rows.prompt_len, entropy=rows.entropy, top_ids=rows.top_ids,
                  top_values=rows.top_values)
-    host = {k: None if v is None else np.array(v[:state.num_rows]) for k, v in jax.device_get(fetch).items()}
+    host = {k: None if v is None else np.array(v[:state.num_rows]) for k, v in _to_host(fetch).items()}
     m = state.max_new_tokens
     lengths = host["n_gen"].astype(np.int32)
     reason = host["reason"].copy()
@@ -549,7 +559,7 @@ class Sampler:
         upd = {}
         for name, head in (("n_gen", lengths), ("done", done), ("reason", reason.astype(np.int32))):
           old = getattr(rows, name)
-          tail = np.asarray(jax.device_get(old))[state.num_rows:]  # padding rows, unchanged
+          tail = _to_host(old)[state.num_rows:]  # padding rows, unchanged
           upd[name] = jax.device_put(np.concatenate([head, tail]), old.sharding)
         state = dataclasses.replace(state, rows=rows._replace(**upd))
     valid = np.arange(host["tokens"].shape[1])[None, :] < lengths[:, None]  # [N, G]
@@ -592,6 +602,42 @@ class Sampler:
       else:
         lo = mid + 1
     return lo
+
+
+def _to_host(tree):
+  """Host copies of device arrays; rows on other processes are all-gathered (see jaxrl.sharding.to_host)."""
+  from jaxrl.sharding import to_host
+  return to_host(tree)
+
+
+def _gather_prompts(ids: list[list[int]], per_prompt: tuple[np.ndarray, ...]):
+  """Every process's prompts and per-prompt arrays, process 0's first (equal counts are required)."""
+  from jaxrl.sharding import allgather_rows, allgather_scalar
+  counts = allgather_scalar(len(ids))
+  if len(set(counts.tolist())) != 1:
+    raise ValueError(f"generate on {len(counts)} processes needs the same number of prompts on each, got "
+                     f"{counts.tolist()} (process order)")
+  width = int(allgather_scalar(max(len(x) for x in ids)).max())
+  arr = np.full((len(ids), width), -1, np.int64)
+  for i, x in enumerate(ids):
+    arr[i, :len(x)] = x
+  got, _ = allgather_rows({"ids": arr, **{f"p{k}": v for k, v in enumerate(per_prompt)}})
+  all_ids = [[int(t) for t in row if t >= 0] for row in got["ids"]]
+  return all_ids, tuple(got[f"p{k}"].astype(v.dtype) for k, v in enumerate(per_prompt))
+
+
+def _process_rows(out: SampleOutput, first_prompt: int, count: int, n: int) -> SampleOutput:
+  """The rows of prompts ``first_prompt .. first_prompt + count - 1`` of a global output, with
+  ``prompt_index`` relative to them. ``state`` stays the global state (every process holds it)."""
+  rows = slice(first_prompt * n, (first_prompt + count) * n)
+  cut = lambda a: None if a is None else a[rows]
+  top = None if out.top_logprobs is None else TopLogprobs(ids=cut(out.top_logprobs.ids),
+                                                          logprobs=cut(out.top_logprobs.logprobs))
+  return dataclasses.replace(
+      out, tokens=cut(out.tokens), logprobs=cut(out.logprobs), sampling_logprobs=cut(out.sampling_logprobs),
+      lengths=cut(out.lengths), finish_reason=out.finish_reason[rows], versions=cut(out.versions),
+      prompt_lengths=cut(out.prompt_lengths), prompt_index=cut(out.prompt_index) - first_prompt,
+      texts=None if out.texts is None else out.texts[rows], top_logprobs=top, entropy=cut(out.entropy))
 
 
 class _Programs:

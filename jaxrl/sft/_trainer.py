@@ -1,4 +1,9 @@
-"""Supervised fine-tuning on packed sequences: config, loop, evaluation, checkpoints, export."""
+"""Supervised fine-tuning on packed sequences: config, loop, evaluation, checkpoints, export.
+
+On several processes (``jax.distributed``, docs/multihost.md) every process reads the same global
+stream of packed batches and feeds its own contiguous block of rows (``jaxrl.sharding.process_slice``):
+the global batch, the iterator state in checkpoints and so the result do not depend on the process count.
+"""
 
 from __future__ import annotations
 
@@ -107,6 +112,8 @@ def _resolve_data(cfg: SFTConfig, out_dir: Path) -> tuple[tuple[str, ...], tuple
   if cfg.data.train:
     return cfg.data.train, cfg.data.heldout
   b = cfg.data.builtin
+  if jax.process_index():  # every process writes its own (identical) copy: no two writers share a file
+    out_dir = out_dir / "processes" / str(jax.process_index())
   paths = data_lib.write_arithmetic_splits(out_dir / "data", n_train=b.n_train, n_heldout=b.n_heldout,
                                            seed=b.seed, config=b.task)
   return (str(paths["train"]),), (str(paths["heldout"]),)
@@ -150,13 +157,16 @@ class SFTTrainer:
     self.cfg = cfg
     self.out_dir = Path(cfg.out_dir)
     self.out_dir.mkdir(parents=True, exist_ok=True)
-    (self.out_dir / "config.json").write_text(json.dumps(_to_json(cfg), indent=2))
+    self.pid = jax.process_index()
+    if self.pid == 0:
+      (self.out_dir / "config.json").write_text(json.dumps(_to_json(cfg), indent=2))
     self.mesh = cfg.mesh.build()
     self.rules = cfg.mesh.logical_rules()
     dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     if cfg.packing.global_rows % (dp * cfg.micro_batches):
       raise ValueError(f"packing.global_rows={cfg.packing.global_rows} must be a multiple of data-parallel "
                        f"devices ({dp}) × micro_batches ({cfg.micro_batches})")
+    self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
     self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
     self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, self.model.cfg)
@@ -178,6 +188,7 @@ class SFTTrainer:
       eval_loss = sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size))
     self.optimizer = train.make_optimizer(optim_cfg, cfg.steps, lr_scale=lr_scale)
     self.schedule = train.make_schedule(optim_cfg, cfg.steps)
+    sharding.barrier("sft-init")  # processes start their first collectives together
     self.state = train.place_on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
     self.step_fn = train.make_train_step(
@@ -200,10 +211,12 @@ class SFTTrainer:
   def _batches(self, paths, *, epochs):
     dcfg = data_lib.DataConfig(paths=tuple(paths), seed=self.cfg.data.shuffle_seed, num_epochs=epochs,
                                max_bad_records=self.cfg.data.max_bad_records, shuffle=epochs != 1)
-    return iter(data_lib.sft_batches(dcfg, self.cfg.packing, self.tokenizer))
+    # The global stream on every process (not sharded by process): see the module docstring.
+    return iter(data_lib.sft_batches(dcfg, self.cfg.packing, self.tokenizer, process_index=0, process_count=1))
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return {k: sharding.global_batch(v, self.batch_sharding) for k, v in arrays.items()}
+    """A global batch's arrays → global device arrays, each process feeding its own rows."""
+    return {k: sharding.global_batch(v[self._rows], self.batch_sharding) for k, v in arrays.items()}
 
   def evaluate(self) -> dict[str, float]:
     out = {}
@@ -218,7 +231,7 @@ class SFTTrainer:
           batch = next(it)
         except StopIteration:
           break
-        _, m = self._eval_fn(params, self._device_batch(batch.arrays), *self.frozen)
+        _, m = sharding.to_host(self._eval_fn(params, self._device_batch(batch.arrays), *self.frozen))
         nll += float(m["nll_sum"])
         toks += float(m["loss_tokens"])
       if toks:
@@ -237,7 +250,9 @@ class SFTTrainer:
     if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
       start_step, self.state, host = self.checkpointer.restore(self.state)
       it.set_state(host["data"])
-    logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="sft",
+    # Process 0 logs to out_dir; others (same global metrics) to out_dir/processes/K, never the same files.
+    log_dir = self.out_dir if self.pid == 0 else self.out_dir / "processes" / str(self.pid)
+    logger = train.MetricsLogger(log_dir, total_steps=cfg.steps, desc="sft",
                                  show=("loss", "tok/s", "eval_loss", "eval_exact_match"),
                                  tensorboard=cfg.tensorboard)
     first_eval = self.evaluate() if start_step == 0 and cfg.eval.every else {}
@@ -250,11 +265,14 @@ class SFTTrainer:
     results: dict[str, Any] = {"start_step": start_step, "eval_before": first_eval}
     losses_seen = []
     last = cfg.steps if until is None else min(until, cfg.steps)
+    stats = None  # packing statistics of the last batch trained in this process (none when resumed at the end)
     for step in range(start_step + 1, last + 1):
+      sharding.barrier("sft-step")
       batch = next(it)
+      stats = batch.stats
       self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
       if step % cfg.log_every == 0 or step == cfg.steps:
-        metrics = jax.device_get(metrics)
+        metrics = sharding.to_host(metrics)
         now = time.perf_counter()
         dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
         t_last = now
@@ -277,19 +295,26 @@ class SFTTrainer:
                                force=step == last)
     if self.checkpointer is not None:
       self.checkpointer.close()
+    if start_step >= last and cfg.eval.every and last == cfg.steps:
+      # Resumed at (or past) the end: no step ran here, so the final evaluation is redone for the results.
+      ev = self.evaluate()
+      if ev:
+        results["eval_after"] = ev
     plot = logger.close(title="sft")
     if last < cfg.steps:
-      (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+      if self.pid == 0:
+        (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
       return dict(results, losses=losses_seen, stopped_at=last)
     results.update(steps=cfg.steps, losses=losses_seen, plot=str(plot) if plot else None,
-                   skipped=int(self.state.skipped), packing=dataclasses.asdict(batch.stats))
+                   skipped=int(self.state.skipped), packing=dataclasses.asdict(stats) if stats is not None else None)
     if cfg.export_hf:
       models.save_pretrained(self.current_model(for_sampling=True), self.out_dir / "hf", tokenizer=self.tokenizer)
       results["hf_dir"] = str(self.out_dir / "hf")
       if cfg.lora is not None:
         models.save_peft(self.current_model(), self.out_dir / "adapter")
         results["adapter_dir"] = str(self.out_dir / "adapter")
-    (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    if self.pid == 0:
+      (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 
 
@@ -303,10 +328,18 @@ def heldout_exact_match(model, tokenizer, paths, *, n: int, max_new_tokens: int,
   records = records[:n]
   if not records:
     return float("nan")
+  real = len(records)
+  procs = jax.process_count() if mesh is not None else 1
+  if procs > 1:  # an equal share per process (the last record repeats to fill the last share)
+    per = -(-real // procs)
+    records = (records + records[-1:] * (per * procs - real))[jax.process_index() * per:(jax.process_index() + 1) * per]
   prompts = [data_lib.encode_prompt(tokenizer, r).tolist() for r in records]
-  sampler = sampling.Sampler(model, tokenizer, mesh=mesh, max_len=max(map(len, prompts)) + max_new_tokens)
+  longest = max(map(len, prompts)) if procs == 1 else int(sharding.allgather_scalar(max(map(len, prompts))).max())
+  sampler = sampling.Sampler(model, tokenizer, mesh=mesh, max_len=longest + max_new_tokens)
   out = sampler.generate(prompts, n=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=0)
-  hits = [data_lib.exact_match(text, r["answer"]) for text, r in zip(out.texts, records)]
+  hits = np.asarray([data_lib.exact_match(text, r["answer"]) for text, r in zip(out.texts, records)], np.float64)
+  if procs > 1:
+    hits = sharding.allgather_rows({"h": hits})[0]["h"][:real]
   return float(np.mean(hits))
 
 

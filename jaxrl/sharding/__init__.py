@@ -1,6 +1,14 @@
 """Meshes, logical-axis sharding rules and multi-host start-up."""
 
-from jaxrl.sharding._distributed import global_batch, initialize, process_slice
+from jaxrl.sharding._distributed import (
+    allgather_rows,
+    allgather_scalar,
+    barrier,
+    global_batch,
+    initialize,
+    process_slice,
+    to_host,
+)
 from jaxrl.sharding._mesh import (
     DEFAULT_RULES,
     MESH_AXES,
@@ -16,10 +24,14 @@ __all__ = [
     "MESH_AXES",
     "LogicalRules",
     "MeshConfig",
+    "allgather_rows",
+    "allgather_scalar",
+    "barrier",
     "batch_sharding",
     "global_batch",
     "initialize",
     "logical_sharding",
     "make_mesh",
     "process_slice",
+    "to_host",
 ]

@@ -1,15 +1,22 @@
-"""Multi-host start-up and process-local → global arrays."""
+"""Multi-host start-up, a liveness watchdog, process-local → global arrays and host reads."""
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 _ENV_KEYS = ("JAXRL_COORDINATOR", "JAXRL_NUM_PROCESSES", "JAXRL_PROCESS_ID")
+HEARTBEAT_ENV = "JAXRL_HEARTBEAT_TIMEOUT"
+DEFAULT_HEARTBEAT_TIMEOUT = 60.0
+"""Seconds without a heartbeat from another process before every survivor exits (``JAXRL_HEARTBEAT_TIMEOUT``)."""
 
 
 def initialize(
@@ -33,9 +40,13 @@ def initialize(
     num_processes = _int_env(env, "JAXRL_NUM_PROCESSES")
   if process_id is None and env.get("JAXRL_PROCESS_ID"):
     process_id = _int_env(env, "JAXRL_PROCESS_ID")
+  timeout = _heartbeat_timeout(env)
+  # The runtime's own heartbeat check is the backstop; the watchdog (shorter) names the lost process.
+  runtime_timeouts = dict(heartbeat_timeout_seconds=max(int(2 * timeout), 10))
   if coordinator_address is None and num_processes is None and process_id is None:
     if env.get("JAXRL_AUTO_DISTRIBUTED") == "1":
-      jax.distributed.initialize()
+      jax.distributed.initialize(**runtime_timeouts)
+      start_watchdog(timeout)
       return True
     return False
   missing = [k for k, v in zip(_ENV_KEYS, (coordinator_address, num_processes, process_id)) if v is None]
@@ -45,8 +56,76 @@ def initialize(
     raise ValueError(f"process_id {process_id} is outside [0, {num_processes})")
   jax.distributed.initialize(
       coordinator_address=coordinator_address, num_processes=num_processes,
-      process_id=process_id, local_device_ids=local_device_ids)
+      process_id=process_id, local_device_ids=local_device_ids, **runtime_timeouts)
+  start_watchdog(timeout)
   return True
+
+
+def _heartbeat_timeout(env: Mapping[str, str]) -> float:
+  raw = env.get(HEARTBEAT_ENV)
+  if not raw:
+    return DEFAULT_HEARTBEAT_TIMEOUT
+  try:
+    value = float(raw)
+  except ValueError:
+    raise ValueError(f"environment variable {HEARTBEAT_ENV}={raw!r} is not a number of seconds") from None
+  if value <= 0:
+    raise ValueError(f"environment variable {HEARTBEAT_ENV}={raw!r} must be > 0 seconds")
+  return value
+
+
+_WATCHDOG: threading.Thread | None = None
+
+
+def start_watchdog(timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> None:
+  """Every process publishes a counter in the coordinator's key-value store every ``timeout / 5`` s
+  and watches everyone else's. When another process's counter has not moved for ``timeout`` seconds,
+  or the coordinator (process 0) cannot be reached, this prints ``jaxrl: lost process K ...`` to
+  stderr and ends the process with exit status 1, even while it waits inside a collective: a dead
+  host makes the others stop within about ``timeout`` seconds instead of hanging."""
+  global _WATCHDOG
+  if _WATCHDOG is not None or jax.process_count() == 1:
+    return
+  from jax._src import distributed as _dist
+  client = _dist.global_state.client
+  if client is None:
+    return
+  me, n = jax.process_index(), jax.process_count()
+  interval = max(timeout / 5, 0.05)
+
+  def lost(msg: str) -> None:
+    print(f"jaxrl: {msg}; process {me} exits (heartbeat timeout {timeout:g} s, {HEARTBEAT_ENV})",
+          file=sys.stderr, flush=True)
+    os._exit(1)
+
+  def loop() -> None:
+    count = 0
+    seen = {p: (None, time.monotonic()) for p in range(n) if p != me}
+    while True:
+      count += 1
+      try:
+        client.key_value_set(f"jaxrl/heartbeat/{me}", str(count), allow_overwrite=True)
+        values = {}
+        for p in seen:
+          try:
+            values[p] = client.key_value_try_get(f"jaxrl/heartbeat/{p}")
+          except Exception:  # noqa: BLE001 - not published yet (start-up) reads as "no change"
+            values[p] = None
+      except Exception as e:  # noqa: BLE001 - the coordination service itself is gone
+        lost(f"lost process 0 (the coordinator): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return
+      now = time.monotonic()
+      for p, v in values.items():
+        old, since = seen[p]
+        if v != old:
+          seen[p] = (v, now)
+        elif now - since > timeout:
+          lost(f"lost process {p}: no heartbeat for {now - since:.0f} s")
+          return
+      time.sleep(interval)
+
+  _WATCHDOG = threading.Thread(target=loop, name="jaxrl-heartbeat", daemon=True)
+  _WATCHDOG.start()
 
 
 def _int_env(env: Mapping[str, str], key: str) -> int:
@@ -72,3 +151,68 @@ def process_slice(global_rows: int, mesh: Mesh | None = None) -> slice:
     raise ValueError(f"global batch of {global_rows} rows does not split over {n} processes")
   per = global_rows // n
   return slice(i * per, (i + 1) * per)
+
+
+def to_host(tree: Any) -> Any:
+  """``numpy`` copies of a pytree of arrays, readable on every process.
+
+  Fully addressable and fully replicated arrays are read from this process's own shards; an array
+  whose rows live on other processes is all-gathered explicitly (every process must call this).
+  """
+  from jax.experimental import multihost_utils
+
+  def read(x):
+    if not isinstance(x, jax.Array):
+      return np.asarray(x)
+    if x.is_fully_addressable:
+      return np.asarray(x)
+    if x.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return jax.tree.map(read, tree)
+
+
+def allgather_rows(local: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  """Concatenates every process's rows (axis 0, process 0 first); rows may differ per process.
+
+  Returns the global arrays and the ``[process_count]`` row counts. One process: the input itself.
+  """
+  local = {k: np.asarray(v) for k, v in local.items()}
+  sizes = {len(v) for v in local.values()}
+  if len(sizes) > 1:
+    raise ValueError(f"allgather_rows: arrays have different row counts {sorted(sizes)}")
+  rows = sizes.pop() if sizes else 0
+  if jax.process_count() == 1:
+    return dict(local), np.asarray([rows])
+  from jax.experimental import multihost_utils
+  counts = np.asarray(multihost_utils.process_allgather(np.asarray(rows, np.int64))).reshape(-1)
+  most = int(counts.max())
+  padded = {k: np.concatenate([v, np.zeros((most - rows, *v.shape[1:]), v.dtype)]) for k, v in local.items()}
+  got = multihost_utils.process_allgather(padded)  # [P, most, ...]
+  out = {k: np.concatenate([np.asarray(got[k])[p, :c] for p, c in enumerate(counts)]) for k in local}
+  return out, counts
+
+
+def allgather_scalar(value: float | int) -> np.ndarray:
+  """``[process_count]`` values of a per-process scalar (one process: ``[value]``)."""
+  if jax.process_count() == 1:
+    return np.asarray([value])
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(np.asarray(value))).reshape(-1)
+
+
+_BARRIERS: dict[str, int] = {}
+
+
+def barrier(name: str, *, timeout_s: float = 3600.0) -> None:
+  """Waits until every process reaches this point (the coordination service's barrier; no-op on one
+  process). Used before programs whose collectives would otherwise start far apart: CPU (Gloo)
+  collectives give up when a peer arrives more than 30 s late, e.g. still compiling on a loaded host."""
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed as _dist
+  client = _dist.global_state.client
+  if client is None:
+    return
+  _BARRIERS[name] = _BARRIERS.get(name, 0) + 1
+  client.wait_at_barrier(f"jaxrl/{name}/{_BARRIERS[name]}", int(timeout_s * 1000))

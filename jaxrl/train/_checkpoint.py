@@ -14,6 +14,11 @@ class Checkpointer:
 
   A checkpoint holds the train state pytree (params, optimizer state, step, RNG — whatever the
   trainer passes) and a JSON item for host-side state such as the data iterator's position.
+
+  On several processes (after ``jax.distributed.initialize``) every process calls :meth:`save` and
+  :meth:`restore` together: each writes its own shards of the state, process 0 alone writes the JSON
+  item (the trainers keep host state global, the same on every process), and a restore reshards onto
+  ``abstract_state``'s shardings, so a checkpoint restores on any process count.
   """
 
   def __init__(self, directory: str | Path, *, every: int, keep: int = 3):

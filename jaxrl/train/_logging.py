@@ -13,11 +13,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 
+SUMMARY_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward / held-out accuracy", ("reward/mean", "eval/accuracy")),
+    ("response length / truncated", ("response/length_mean", "response/truncated_frac")),
+    ("KL / entropy", ("kl", "entropy")),
+    ("clip fraction", ("clip_frac",)),
+    ("throughput (tokens/s)", ("tok_s/rollout", "tok_s/train")),
+    ("loss / held-out loss", ("loss", "eval/loss")),
+    ("learning rate", ("lr",)),
+    ("throughput (tokens/s)", ("tok/s",)),
+)
+"""The panels of ``curves.png``: ``(title, metrics)``; the first metric on the left axis, the second
+(on another scale) on the right. Panels with none of their metrics logged are left out."""
+
+
 class MetricsLogger:
   """Logs scalar metrics per step to TensorBoard + ``metrics.jsonl`` and shows live progress.
 
-  ``log(step, metrics)`` takes host floats. ``close()`` writes ``curves.png`` and prints a table of
-  the first/last/min/max of each metric.
+  ``log(step, metrics)`` takes host floats. ``close()`` writes ``curves.png`` (the few curves a
+  user watches, :data:`SUMMARY_PANELS`), ``curves_all.png`` (one panel per metric) and prints a
+  table of the first/last/min/max of each metric.
   """
 
   def __init__(self, out_dir: str | Path, *, total_steps: int, desc: str = "train",
@@ -44,6 +59,8 @@ class MetricsLogger:
     self._start = time.perf_counter()
     self._last_line = -math.inf
     self._first_step: int | None = None
+    self._first_done: float | None = None  # when the first step (>= 1) was logged
+    self.first_step_s = self.steady_step_s = math.nan  # compilation included / mean of the later steps
 
   def log(self, step: int, metrics: dict[str, float]) -> None:
     clean = {k: float(v) for k, v in metrics.items()}
@@ -54,9 +71,23 @@ class MetricsLogger:
     self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
     self._jsonl.flush()
     info = "  ".join(f"{k}={_fmt(clean[k])}" for k in self.show if k in clean)
+    info += self._step_times(step)
     self._progress.update(self._task, completed=step, info=info)
     if not self._live:
       self._plain_progress(step, info)
+
+  def _step_times(self, step: int) -> str:
+    """First step (compilation included) and steady-state seconds per step, kept apart."""
+    if step < 1:
+      return ""
+    now = time.perf_counter()
+    if self._first_done is None:
+      self._first_done, self._first_logged = now, step
+      self.first_step_s = now - self._start
+    done = step - self._first_logged
+    self.steady_step_s = (now - self._first_done) / done if done > 0 else math.nan
+    steady = f"  {self.steady_step_s:.2f}s/step" if done > 0 else ""
+    return f"  first {self.first_step_s:.1f}s{steady}"
 
   def _plain_progress(self, step: int, info: str) -> None:
     """Without a terminal (CI logs, ``nohup``) rich draws nothing until the end: print a line every
@@ -84,7 +115,10 @@ class MetricsLogger:
     if self._tb is not None:
       self._tb.close()
     plot = self.plot()
-    table = Table(title=f"{title} ({time.perf_counter() - self._start:.1f} s)")
+    times = "" if self._first_done is None else f", first step {self.first_step_s:.1f} s"
+    if math.isfinite(self.steady_step_s):
+      times += f", then {self.steady_step_s:.2f} s/step"
+    table = Table(title=f"{title} ({time.perf_counter() - self._start:.1f} s{times})")
     for col in ("metric", "first", "last", "min", "max"):
       table.add_column(col, justify="right" if col != "metric" else "left")
     for k, series in self.history.items():
@@ -94,24 +128,39 @@ class MetricsLogger:
     return plot
 
   def plot(self) -> Path | None:
+    """Writes ``curves_all.png`` (every metric) and ``curves.png`` (:data:`SUMMARY_PANELS`, or every
+    metric when none of them was logged); returns the path of ``curves.png``."""
     if not self.history:
       return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    keys = list(self.history)
-    cols = min(3, len(keys))
-    rows = math.ceil(len(keys) / cols)
+    self._draw(plt, tuple((k, (k,)) for k in self.history), self.out_dir / "curves_all.png")
+    return self._draw(plt, self.summary_panels(), self.out_dir / "curves.png")
+
+  def summary_panels(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The panels of ``curves.png``: :data:`SUMMARY_PANELS` with a logged metric, else one per metric."""
+    panels = tuple((title, tuple(k for k in keys if k in self.history)) for title, keys in SUMMARY_PANELS)
+    return tuple((t, keys) for t, keys in panels if keys) or tuple((k, (k,)) for k in self.history)
+
+  def _draw(self, plt, panels: tuple[tuple[str, tuple[str, ...]], ...], path: Path) -> Path:
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
-    for ax, k in zip(axes.flat, keys):
-      steps, vals = zip(*self.history[k])
-      ax.plot(steps, vals, marker="." if len(steps) < 50 else None)
-      ax.set_title(k)
+    for ax, (title, keys) in zip(axes.flat, panels):
+      logged = [k for k in keys if k in self.history]  # summary panels hold logged metrics only
+      lines = []
+      for i, k in enumerate(logged):
+        target = ax if i == 0 else ax.twinx()
+        steps, vals = zip(*self.history[k])
+        lines += target.plot(steps, vals, marker="." if len(steps) < 50 else None, color=f"C{i}", label=k)
+      ax.set_title(title)
       ax.set_xlabel("step")
-    for ax in list(axes.flat)[len(keys):]:
+      if len(logged) > 1:
+        ax.legend(lines, logged, fontsize="small", loc="best")
+    for ax in list(axes.flat)[len(panels):]:
       ax.axis("off")
     fig.tight_layout()
-    path = self.out_dir / "curves.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path

@@ -66,7 +66,9 @@ def _decay_mask(params):
 def make_optimizer(cfg: OptimConfig, total_steps: int, *, lr_scale=None) -> optax.GradientTransformation:
   """Clip → AdamW(schedule). ``lr_scale`` (a pytree of floats like the params) scales per leaf.
 
-  ``lr_scale`` is how LoRA+ gives ``B`` matrices their own learning-rate multiplier.
+  ``lr_scale`` is how LoRA+ gives ``B`` matrices their own learning-rate multiplier. Adam's moments
+  are float32 whatever the parameters' dtype (:func:`float32_state`), so the state keeps one dtype
+  from the first step on (no retrace) and bf16-stored weights still get float32 statistics.
   """
   schedule = make_schedule(cfg, total_steps)
   parts = []
@@ -78,7 +80,25 @@ def make_optimizer(cfg: OptimConfig, total_steps: int, *, lr_scale=None) -> opta
   if lr_scale is not None:
     parts.append(_scale_by_tree(lr_scale))
   parts.append(optax.scale_by_learning_rate(schedule))
-  return optax.chain(*parts)
+  return float32_state(optax.chain(*parts))
+
+
+def _f32(x):
+  return x.astype(jnp.float32) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
+
+
+def float32_state(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``inner`` with its state initialised from float32 views of the parameters.
+
+  Optax sizes moments like the parameters (``zeros_like``), so bf16 parameters would start bf16
+  moments that the first float32 gradient turns float32: the state's dtype would change between
+  step 1 and 2 (a retrace) and the statistics would be bf16. Float32 parameters are used as they
+  are (``astype`` to the same dtype makes no copy).
+  """
+  def init(params):
+    return inner.init(jax.tree.map(_f32, params))
+
+  return optax.GradientTransformation(init, inner.update)
 
 
 def _scale_by_tree(scales) -> optax.GradientTransformation:

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl.sharding import LogicalRules
+
 LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 """``loss_fn(params, micro_batch, *extra) -> (loss, metrics)``.
 
@@ -48,13 +50,24 @@ def place_on_mesh(tree, mesh: Mesh | None):
   return jax.tree.map(place, tree)
 
 
+def _batch_axes(batch_axes: Sequence[str] | None, rules: LogicalRules | None) -> tuple[str, ...]:
+  """The mesh axes rows are split over: ``batch_axes`` if given, else the rules' ``batch`` axes."""
+  if batch_axes is not None:
+    return tuple(batch_axes)
+  return (rules or LogicalRules.default()).mesh_axes("batch")
+
+
 def split_micro_batches(batch, micro_batches: int, *, mesh: Mesh | None = None,
-                        batch_axes: Sequence[str] = ("data", "fsdp")):
+                        batch_axes: Sequence[str] | None = None, rules: LogicalRules | None = None):
   """``[G, ...]`` → ``[M, G/M, ...]`` with micro-batch ``m`` holding rows ``m, m+M, m+2M, ...``.
 
   Interleaving keeps every micro-batch spread over all data-parallel devices: a device's
-  contiguous block of rows contains rows of each micro-batch, so no resharding is needed.
+  contiguous block of rows contains rows of each micro-batch, so no resharding is needed. The rows
+  stay split over the mesh axes that ``rules`` (default :meth:`LogicalRules.default`) map the logical
+  ``batch`` axis to; ``batch_axes`` overrides them.
   """
+  batch_axes = _batch_axes(batch_axes, rules)
+
   def split(x):
     g = x.shape[0]
     if g % micro_batches:
@@ -69,13 +82,17 @@ def split_micro_batches(batch, micro_batches: int, *, mesh: Mesh | None = None,
 
 
 def accumulate_gradients(loss_fn: LossFn, params, batch, *extra, micro_batches: int = 1,
-                         mesh: Mesh | None = None, batch_axes: Sequence[str] = ("data", "fsdp")):
-  """Σ over micro-batches of (loss, grads, metrics), scanning so only one micro-batch is live."""
+                         mesh: Mesh | None = None, batch_axes: Sequence[str] | None = None,
+                         rules: LogicalRules | None = None):
+  """Σ over micro-batches of (loss, grads, metrics), scanning so only one micro-batch is live.
+
+  ``rules``/``batch_axes``: where the rows of each micro-batch live (:func:`split_micro_batches`).
+  """
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if micro_batches == 1:
     (loss, metrics), grads = grad_fn(params, batch, *extra)
     return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
-  micro = split_micro_batches(batch, micro_batches, mesh=mesh, batch_axes=batch_axes)
+  micro = split_micro_batches(batch, micro_batches, mesh=mesh, batch_axes=batch_axes, rules=rules)
   first = jax.tree.map(lambda x: x[0], micro)
   (_, metrics_shape), _ = jax.eval_shape(grad_fn, params, first, *extra)
 
@@ -99,7 +116,8 @@ def make_train_step(
     micro_batches: int = 1,
     mesh: Mesh | None = None,
     state_sharding=None,
-    batch_axes: Sequence[str] = ("data", "fsdp"),
+    batch_axes: Sequence[str] | None = None,
+    rules: LogicalRules | None = None,
     schedule: optax.Schedule | None = None,
     prepare: Callable | None = None,
     donate: bool = True,
@@ -112,14 +130,15 @@ def make_train_step(
 
   The update is skipped (parameters and optimizer state unchanged, ``state.skipped`` + 1) when the
   loss or the gradient norm is not finite. ``extra`` are non-differentiated inputs (frozen base
-  weights for LoRA, a reference policy...). Parameters keep ``state_sharding`` on output.
+  weights for LoRA, a reference policy...). Parameters keep ``state_sharding`` on output. Micro-batch rows
+  are split over the mesh axes ``rules`` give the logical ``batch`` axis (``batch_axes`` overrides).
   """
   def step(state: TrainState, batch, *extra):
     if prepare is not None:
       batch = prepare(batch)
     loss, grads, metrics = accumulate_gradients(
         loss_fn, state.params, batch, *extra, micro_batches=micro_batches, mesh=mesh,
-        batch_axes=batch_axes)
+        batch_axes=batch_axes, rules=rules)
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)

@@ -461,12 +461,52 @@ def test_global_normalize_with_precomputed_moments_equals_whole_batch():
   half = len(r) // 2
   moments = [adv_lib.masked_moments(jnp.asarray(x[s], jnp.float32), jnp.asarray(m[s]))
              for s in (slice(0, half), slice(half, None))]
-  total = adv_lib.Moments(*[a + b for a, b in zip(*moments)])
+  total = moments[0].merge(moments[1])
   parts = []
   for s in (slice(0, half), slice(half, None)):
     arrays = dict(rewards=r[s], response_mask=m[s], advantages=x[s], global_moments=total)
     parts.append(_run("global_normalize", arrays)[0])
-  np.testing.assert_allclose(np.concatenate(parts), whole, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.concatenate(parts), whole, **TOL)
+
+
+def test_merged_moments_match_numpy_when_the_mean_dwarfs_the_spread():
+  # E[x²] - mean² loses the variance here in float32 (mean² ≈ 1e6 with ulp 0.06, var ≈ 1e-2).
+  rng = np.random.default_rng(3)
+  x = 1e3 + 0.1 * rng.normal(size=(6, 50))
+  m = rng.integers(0, 2, size=x.shape).astype(np.float32)
+  parts = [adv_lib.masked_moments(jnp.asarray(x[s], jnp.float32), jnp.asarray(m[s]))
+           for s in (slice(0, 2), slice(2, 6))]
+  merged = parts[0].merge(parts[1])
+  valid = x[m > 0].astype(np.float32).astype(np.float64)
+  assert float(merged.count) == valid.size
+  np.testing.assert_allclose(float(merged.mean), valid.mean(), rtol=1e-6)
+  np.testing.assert_allclose(float(merged.variance()), valid.var(), rtol=1e-3)
+  np.testing.assert_allclose(float(merged.variance(unbiased=True)), valid.var(ddof=1), rtol=1e-3)
+  x32 = jnp.asarray(x[m > 0], jnp.float32)
+  naive = float(jnp.mean(x32 * x32) - jnp.mean(x32) ** 2)
+  assert abs(naive - valid.var()) > 0.1 * valid.var()  # the formula this replaces fails the same check
+
+
+@pytest.mark.parametrize("name", ["global_normalize", "reinforce_pp", "reinforce_pp_baseline"])
+def test_whitening_unbiased_std_is_the_ddof1_token_std(name):
+  # verl's masked_whiten: (x - mean) / sqrt(var · n/(n-1) + 1e-8) over the valid tokens.
+  r, g, m = _batch(5)
+  arrays = dict(rewards=r, group_ids=g, response_mask=m)
+  pop, _ = _run(name, arrays, eps=0.0)
+  unb, _ = _run(name, arrays, eps=0.0, unbiased_std=True)
+  n = m.sum()
+  np.testing.assert_allclose(unb, pop * np.sqrt((n - 1) / n), **TOL)
+  assert np.abs(pop).max() > 0.5
+
+
+def test_global_normalize_needs_no_rewards_when_given_advantages():
+  _, _, m = _batch(4)
+  x = np.random.default_rng(4).normal(size=m.shape)
+  got, _ = adv_lib.global_normalize(advantages=jnp.asarray(x, jnp.float32), response_mask=jnp.asarray(m))
+  want = np.where(m > 0, (x - x[m > 0].mean()) / (x[m > 0].std() + 1e-6), 0.0)
+  np.testing.assert_allclose(got, want, **TOL)
+  with pytest.raises(ValueError, match="rewards or advantages"):
+    adv_lib.global_normalize(response_mask=jnp.asarray(m))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -201,3 +201,19 @@ def test_split_invariance_across_devices_and_micro_batches(n_dev, n_micro, unspl
     np.testing.assert_allclose(loss[i], ref_loss, rtol=1e-5, atol=1e-7, err_msg=msg)
     np.testing.assert_allclose(clip[i], ref_clip, rtol=1e-5, atol=1e-7, err_msg=msg)
     np.testing.assert_allclose(grad[i], ref_grad, rtol=1e-6, atol=1e-9, err_msg=msg)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_global_sequence_count_matches_a_loop_over_packed_segments(seed):
+  rng = np.random.default_rng(seed)
+  b, t = 6, 24
+  seg = np.zeros((b, t), np.int32)
+  for r in range(b):  # contiguous runs 1, 2, ... then padding (0)
+    cuts = np.sort(rng.choice(np.arange(1, t), size=rng.integers(1, 5), replace=False))
+    for i, (lo, hi) in enumerate(zip(np.r_[0, cuts], np.r_[cuts, t])):
+      seg[r, lo:hi] = i + 1 if hi < t or rng.random() < 0.5 else 0
+  mask = (rng.random((b, t)) < 0.3) & (seg > 0)  # gaps inside segments, some segments empty
+  want = sum(int(mask[r][seg[r] == s].any()) for r in range(b) for s in set(seg[r].tolist()) - {0})
+  gc = global_counts(jnp.asarray(mask, jnp.float32), segment_ids=jnp.asarray(seg))
+  assert int(gc.sequences) == want and 0 < want < int((seg.max(1)).sum())
+  assert int(global_counts(jnp.asarray(mask, jnp.float32)).sequences) == int(mask.any(1).sum())

@@ -1,5 +1,6 @@
 """Hugging Face interop: fixture logits, save/load round trips, transformers loading, bad inputs."""
 
+import importlib.util
 import json
 import shutil
 
@@ -47,12 +48,12 @@ def test_llama3_scaling_moves_rope_angles_in_the_fixture(fixture_models):
   assert (scaled != plain).sum() >= 2 and (scaled == plain).any()
 
 
-def test_default_param_dtype_follows_the_checkpoint():
-  model = models.load_pretrained(HF_FIXTURES / "qwen2_tied")
-  assert model.cfg.param_dtype == model.cfg.dtype == "bfloat16"
-  assert model.embed.get_value().dtype == jnp.bfloat16
+def test_default_compute_dtype_follows_the_checkpoint_over_float32_weights():
+  model = models.load_pretrained(HF_FIXTURES / "qwen2_tied")  # a bf16 checkpoint
+  assert (model.cfg.dtype, model.cfg.param_dtype) == ("bfloat16", "float32")
+  assert model.embed.get_value().dtype == jnp.float32
   model = models.load_pretrained(HF_FIXTURES / "qwen3")
-  assert model.cfg.param_dtype == "float32"
+  assert (model.cfg.dtype, model.cfg.param_dtype) == ("float32", "float32")
 
 
 def test_greedy_decode_through_cache_matches_transformers_generate():
@@ -104,8 +105,8 @@ def test_save_matches_the_original_hf_tensors(fixture_models, tmp_path):
 def test_bfloat16_save_rounds_each_parameter(fixture_models, tmp_path):
   model = fixture_models["qwen3"]
   models.save_pretrained(model, tmp_path, dtype="bfloat16")
-  reloaded = models.load_pretrained(tmp_path)
-  assert reloaded.cfg.param_dtype == "bfloat16"
+  reloaded = models.load_pretrained(tmp_path, param_dtype="bfloat16")
+  assert (reloaded.cfg.dtype, reloaded.cfg.param_dtype) == ("bfloat16", "bfloat16")
   want, got = _flat_params(model), _flat_params(reloaded)
   for path in want:
     np.testing.assert_array_equal(got[path], want[path].astype(jnp.bfloat16), err_msg="/".join(map(str, path)))
@@ -135,7 +136,15 @@ def test_saved_directory_is_read_by_transformers(fixture_models, tmp_path):
 
 def test_transformers_loads_jaxrl_checkpoints_to_identical_logits():
   """Recorded by tests/fixtures/make_hf_fixtures.py, which has torch: jaxrl save -> HF from_pretrained."""
-  results = json.loads((HF_FIXTURES / "jaxrl_to_hf.json").read_text())["results"]
+  meta = json.loads((HF_FIXTURES / "jaxrl_to_hf.json").read_text())
+  script = HF_FIXTURES.parent / "make_hf_fixtures.py"
+  spec = importlib.util.spec_from_file_location("fixture_digest", HF_FIXTURES.parent / "fixture_digest.py")
+  digest = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(digest)
+  assert meta.get("source_sha256") == digest.source_digest(script), (
+      f"{HF_FIXTURES / 'jaxrl_to_hf.json'} was written by another version of {script.name}: regenerate it "
+      "(the script's docstring says how)")
+  results = meta["results"]
   assert set(results) == {f"{n}/{v}" for n in FIXTURE_NAMES for v in ("plain", "sharded", "bfloat16", "loop_layers")}
   for key, r in results.items():
     assert r["max_abs_diff"] <= 1e-4, (key, r)

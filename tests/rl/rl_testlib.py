@@ -49,3 +49,31 @@ def timed_digit_fraction(prompt, completion, **fields):
   import time
   REWARD_STARTS.append(time.monotonic())
   return digit_fraction(prompt, completion, **fields)
+
+
+def first_micro_batch_ratios(trainer, rollout, step, *, shift: float, current_as_old: bool) -> tuple[float, float]:
+  """``(ratio_min, ratio_max)`` the configured loss reports on the first micro-batch of ``rollout``, at
+  the trainer's parameters, with π_old = the trainer's recomputed log-probs + ``shift`` on loss tokens.
+
+  ``current_as_old=True`` is the trainer's first-mini-batch shortcut (π_old := the current log-probs);
+  with ``False`` the ratio is computed against the given π_old, so ``shift=0`` checks that the π_old
+  recompute equals the loss's own forward (what makes the shortcut valid) and ``shift=δ`` that the
+  ratio reads π_old (``exp(-δ)``).
+  """
+  import jax.numpy as jnp
+
+  from jaxrl import models
+  from jaxrl.rl._loss import make_loss_fn, make_prepare
+  cfg = trainer.cfg
+  pb = trainer.pack(rollout, step)[0][0]
+  mb = trainer._device(pb.micro_batch(0))
+  old = trainer.logprob_fn(trainer.state.params, mb, *trainer.frozen)  # the π_old recompute program
+  max_len = cfg.algorithm.aggregation_max_len or cfg.rollout.stage(step)[1]
+  mb = make_prepare(cfg.algorithm, num_groups=cfg.rollout.prompts_per_step, max_len=max_len)(
+      dict(mb, old_logprobs=old + shift * mb["loss_mask"], ref_logprobs=old))
+  loss_fn = make_loss_fn(trainer.graphdef, cfg.algorithm, temperature=cfg.rollout.temperature,
+                         num_micro=pb.shape[0])
+  if cfg.lora is not None:
+    loss_fn = models.lora_loss(loss_fn)
+  _, metrics = loss_fn(trainer.state.params, mb, *trainer.frozen, jnp.asarray(current_as_old))
+  return float(metrics["mb/ratio_min"].sum()), float(metrics["mb/ratio_max"].sum())

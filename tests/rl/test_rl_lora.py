@@ -1,12 +1,14 @@
 """RL with LoRA: adapters are the only trained state, the frozen base is the KL reference (no copy
 of the weights), the sampler runs the unmerged adapters, exports reload to the same policy."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from rl_testlib import make_config
+from rl_testlib import first_micro_batch_ratios, make_config
 
 from jaxrl import models, rl, train
 from jaxrl.rl._loss import make_logprob_fn
@@ -24,21 +26,24 @@ def lora_run(tmp_path_factory):
           "algorithm.kl_coef": 0.05, "algorithm.old_logprobs": "recompute", "algorithm.mini_batches": 2,
           "steps": 3, "export_hf": True})
   trainer = rl.RLTrainer(cfg)
-  base_before = _flat(trainer.frozen[0])
+  adapters = {k: v.copy() for k, v in _flat(trainer.state.params).items()}  # the step donates the state
+  before = {"base": _flat(trainer.frozen[0]), "adapters": adapters}
   try:
     out = trainer.run()
   finally:
     trainer.close()
-  return trainer, out, base_before
+  return trainer, out, before
 
 
 def test_only_adapters_train_and_the_base_stays_frozen(lora_run):
-  trainer, _, base_before = lora_run
+  trainer, _, before = lora_run
   trained = _flat(trainer.state.params)
   assert trained and all(k.endswith(("_lora_a", "_lora_b")) for k in trained), list(trained)
-  assert any(np.abs(v).max() > 0 for k, v in trained.items() if k.endswith("_lora_b"))  # B moved off 0
+  assert trained.keys() == before["adapters"].keys()
+  unchanged = [k for k, v in trained.items() if np.array_equal(v, before["adapters"][k])]
+  assert not unchanged, f"adapters that did not train: {unchanged}"  # every A and B (B from 0)
   for k, v in _flat(trainer.frozen[0]).items():
-    np.testing.assert_array_equal(v, base_before[k], err_msg=k)
+    np.testing.assert_array_equal(v, before["base"][k], err_msg=k)
   # No optimizer state and no reference copy for the base.
   assert trainer.ref_params is None
   full = train.init_train_state(nnx.state(trainer.current_model()), trainer.optimizer)
@@ -50,8 +55,13 @@ def test_only_adapters_train_and_the_base_stays_frozen(lora_run):
 def test_kl_reference_is_the_base_model_with_adapters_off(lora_run):
   trainer, _, _ = lora_run
   pb = trainer.pack(trainer.last_rollout, 1)[0][0]
-  ref = trainer._forward(trainer.state.params, pb, fn=trainer.ref_logprob_fn)
-  policy = trainer._forward(trainer.state.params, pb)
+  batch = trainer._device(pb.interleaved())
+
+  def per_micro_batch(lp):  # interleaved rows [R·M, T] -> [M, R, T] like pb.micro_batch(m)
+    m, r, t = pb.shape
+    return np.asarray(lp).reshape(r, m, t).transpose(1, 0, 2)
+  ref = per_micro_batch(trainer._forward(trainer.state.params, batch, pb.num_micro, fn=trainer.ref_logprob_fn))
+  policy = per_micro_batch(trainer._forward(trainer.state.params, batch, pb.num_micro))
   # Independent reference: the model section built again, without adapters.
   plain = trainer.cfg.model.build(mesh=trainer.mesh, rules=trainer.rules)
   graphdef, params = nnx.split(plain)
@@ -70,8 +80,14 @@ def test_kl_reference_is_the_base_model_with_adapters_off(lora_run):
 
 def test_ratios_and_the_sampler_agree_with_the_adapted_policy(lora_run):
   trainer, _, _ = lora_run
+  step = len(trainer.history)
+  # π_old recomputed through the adapters equals the loss's forward (so the first-mini-batch shortcut
+  # is exact), and the ratio reads π_old.
+  lo, hi = first_micro_batch_ratios(trainer, trainer.last_rollout, step, shift=0.0, current_as_old=False)
+  assert abs(lo - 1.0) < 1e-5 and abs(hi - 1.0) < 1e-5, (lo, hi)
+  lo, hi = first_micro_batch_ratios(trainer, trainer.last_rollout, step, shift=0.1, current_as_old=False)
+  assert abs(lo - math.exp(-0.1)) < 1e-5 and abs(hi - math.exp(-0.1)) < 1e-5, (lo, hi)
   for h in trainer.history:
-    assert h["ratio_first_min"] == 1.0 and h["ratio_first_max"] == 1.0, h  # recomputed π_old
     # The sampler decoded with the unmerged adapters: its log-probs match the trainer's forward.
     assert h["logprob_diff/max_abs"] < 1e-4, h
 

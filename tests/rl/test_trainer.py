@@ -1,11 +1,13 @@
 """The RL loop end to end on a tiny model (8 fake devices): ratios, logged log-prob gaps, dynamic
 sampling, overlong filtering, learning, iterative context lengthening and resume."""
 
+import math
+
 import jax
 import numpy as np
 import pytest
 from flax import nnx
-from rl_testlib import make_config
+from rl_testlib import first_micro_batch_ratios, make_config
 
 from jaxrl import rl
 
@@ -34,11 +36,18 @@ def recompute_run(tmp_path_factory):
   return _run(cfg)
 
 
-def test_recomputed_old_logprobs_give_ratio_exactly_one_on_the_first_mini_batch(recompute_run):
+@pytest.mark.parametrize("shift, current_as_old, want", [
+    (0.0, False, 1.0),  # the recomputed π_old is the loss's own forward: the shortcut below is exact
+    (0.1, False, math.exp(-0.1)),  # the ratio reads π_old
+    (0.1, True, 1.0),  # the first-mini-batch shortcut replaces π_old by the current log-probs
+])
+def test_recomputed_pi_old_matches_the_loss_forward_and_the_ratio_reads_it(recompute_run, shift, current_as_old,
+                                                                            want):
   trainer, _, seen = recompute_run
   assert len(seen) == 2, "every step must have kept at least one group"
-  for h in trainer.history:
-    assert h["ratio_first_min"] == 1.0 and h["ratio_first_max"] == 1.0, h
+  step, ro = seen[-1]
+  lo, hi = first_micro_batch_ratios(trainer, ro, step, shift=shift, current_as_old=current_as_old)
+  assert abs(lo - want) < 1e-5 and abs(hi - want) < 1e-5, (lo, hi)
   later = [u for u in trainer.update_history if u["ratio_min"] != 1.0 or u["ratio_max"] != 1.0]
   assert later, "updates after the first one move the policy away from π_old"
 

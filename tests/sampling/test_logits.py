@@ -106,3 +106,23 @@ def test_row_draw_depends_only_on_its_own_key():
   perm = np.array([5, 2, 7, 0, 1, 3, 6, 4])
   shuffled = _sample(jnp.asarray(logits[perm]), keys[perm], ones, jnp.zeros(8, jnp.int32), ones, zeros)
   np.testing.assert_array_equal(np.asarray(shuffled.tokens), np.asarray(batch.tokens)[perm])
+
+
+def test_inverse_cdf_matches_numpy_searchsorted_and_never_picks_zero_mass():
+  from jaxrl.sampling._logits import _inverse_cdf
+  rng = np.random.default_rng(4)
+  rows, vocab = 256, 1003  # not a multiple of the ~sqrt(V) block size: padding is exercised
+  probs = rng.exponential(size=(rows, vocab)).astype(np.float32)
+  probs[rng.uniform(size=probs.shape) < 0.6] = 0.0
+  probs[:8, :] = 0.0
+  probs[:8, 5] = 1.0  # one-token rows
+  u = rng.uniform(size=rows).astype(np.float32)
+  u[8:16] = np.nextafter(np.float32(1.0), np.float32(0.0))  # the top of [0, 1)
+  u[16:24] = 0.0
+  got = np.asarray(jax.jit(_inverse_cdf)(jnp.asarray(probs), jnp.asarray(u)))
+  assert (probs[np.arange(rows), got] > 0).all()
+  cum = np.cumsum(probs.astype(np.float64), axis=1)
+  want = np.array([np.searchsorted(cum[r], u[r] * cum[r, -1], side="right") for r in range(rows)])
+  far = np.abs(cum[np.arange(rows), np.minimum(want, vocab - 1)] - u * cum[:, -1]) > 1e-4 * cum[:, -1]
+  np.testing.assert_array_equal(got[8:][far[8:]], want[8:][far[8:]])
+  np.testing.assert_array_equal(got[:8], 5)

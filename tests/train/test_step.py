@@ -1,4 +1,5 @@
-"""The train step: accumulation equals one big batch, the non-finite guard, shardings kept."""
+"""The train step: accumulation equals one big batch, the non-finite guard, shardings kept, rows split as the
+sharding rules say."""
 
 import jax
 import jax.numpy as jnp
@@ -110,3 +111,29 @@ def test_prepare_folds_global_normaliser_before_the_split(devices, micro):
   ref_state, _ = train.make_train_step(_loss, opt, donate=False)(state, whole)
   for k in params:
     np.testing.assert_allclose(split_state.params[k], ref_state.params[k], rtol=1e-5, atol=1e-7)
+
+
+def test_sharded_step_keeps_the_state_shardings():
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
+  params, batch = _problem(d=8)
+  params = jax.device_put(params, {"w": NamedSharding(mesh, P("fsdp")), "b": NamedSharding(mesh, P())})
+  opt = train.make_optimizer(train.OptimConfig(lr=0.1, warmup_steps=0, schedule="constant"), 10)
+  state = train.place_on_mesh(train.init_train_state(params, opt), mesh)
+  want = jax.tree.map(lambda x: x.sharding, state)
+  step = train.make_train_step(_loss, opt, micro_batches=2, mesh=mesh, state_sharding=want, donate=False)
+  new_state, _ = step(state, jax.device_put(batch, NamedSharding(mesh, P(("data", "fsdp")))))
+  flat_new = jax.tree_util.tree_leaves_with_path(new_state)
+  flat_want = jax.tree.leaves(want)
+  assert len(flat_new) == len(flat_want) and new_state.params["w"].sharding.spec == P("fsdp")
+  for (path, leaf), sh in zip(flat_new, flat_want):
+    assert leaf.sharding.is_equivalent_to(sh, leaf.ndim), (jax.tree_util.keystr(path), leaf.sharding, sh)
+
+
+@pytest.mark.parametrize("batch_rule, want", [(("data", "fsdp"), P(None, ("data", "fsdp"))), ("data", P(None, "data"))])
+def test_micro_batch_rows_follow_the_batch_rule(batch_rule, want):
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
+  rules = sharding.LogicalRules.from_mapping({**dict(sharding.LogicalRules.default().rules), "batch": batch_rule})
+  x = jax.device_put(np.arange(32 * 3, dtype=np.float32).reshape(32, 3), NamedSharding(mesh, P(("data", "fsdp"))))
+  micro = jax.jit(lambda b: train.split_micro_batches(b, 2, mesh=mesh, rules=rules))(x)
+  assert micro.sharding.is_equivalent_to(NamedSharding(mesh, want), 3), micro.sharding
+  np.testing.assert_array_equal(micro[1], np.asarray(x)[1::2])

@@ -1,0 +1,110 @@
+"""Latent-mode greedy decoding through the model's KV cache.
+
+Prompts (question, then ``<bot>``) are left-padded to a common width ``P`` (the layout of training
+rows, :func:`jaxrl.latent.make_rows`), prefilled, then ``N`` continuous thoughts are fed one by one
+as input embeddings (each the final normed hidden state of the previous position), then ``<eot>``
+and ordinary greedy token decoding until the end-of-turn token or ``max_new_tokens``. The thought
+count is fixed (Coconut, Hao et al. 2024, §3 "Inference Process", option b: pad the latent thoughts
+to a constant length).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl import models
+
+
+class LatentOutput(NamedTuple):
+  tokens: np.ndarray  # [B, G] int32, pad after the end
+  lengths: np.ndarray  # [B] int32: generated language tokens, end-of-turn included
+  thoughts: np.ndarray  # [B, N, D] float32: the continuous thoughts fed back
+
+
+def left_pad(prompts: Sequence[np.ndarray], pad_id: int) -> dict[str, np.ndarray]:
+  """``[B, P]`` tokens/positions/segment_ids with each prompt right-aligned at column ``P - 1``."""
+  width = max(len(p) for p in prompts)
+  out = {"tokens": np.full((len(prompts), width), pad_id, np.int32),
+         "positions": np.zeros((len(prompts), width), np.int32),
+         "segment_ids": np.zeros((len(prompts), width), np.int32)}
+  for r, p in enumerate(prompts):
+    out["tokens"][r, width - len(p):] = p
+    out["positions"][r, width - len(p):] = np.arange(len(p))
+    out["segment_ids"][r, width - len(p):] = 1
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "thoughts", "eot", "eos", "pad", "max_new_tokens"))
+def _decode(graphdef, state, tokens, positions, segment_ids, *, thoughts: int, eot: int | None, eos: int,
+            pad: int, max_new_tokens: int):
+  model = nnx.merge(graphdef, state)
+  b, p = tokens.shape
+  n, g = thoughts, max_new_tokens
+  cache = models.KVCache.init(model.cfg, b, p + n + 1 + g)
+  ones = jnp.ones((b, 1), jnp.int32)
+  last_pos = positions[:, -1]  # [B]
+  h, cache = model(tokens, positions=positions, segment_ids=segment_ids, cache=cache,
+                   cache_start=jnp.zeros((b,), jnp.int32), return_hidden=True)
+  prev = h[:, -1]  # [B, D]
+
+  def think(carry, j):
+    cache, prev, state = carry  # the weights ride in the carry: NNX variables cannot be closed over
+    h, cache = nnx.merge(graphdef, state)(
+        jnp.zeros((b, 1), jnp.int32), positions=(last_pos + 1 + j)[:, None], segment_ids=ones, cache=cache,
+        cache_start=jnp.full((b,), p + j, jnp.int32), return_hidden=True, embeds=prev[:, None],
+        embeds_mask=jnp.ones((b, 1), bool))
+    return (cache, h[:, 0], state), prev
+
+  (cache, prev, _), thought_inputs = jax.lax.scan(think, (cache, prev, state), jnp.arange(n))
+  slot, pos = p + n, last_pos + 1 + n
+  unembed = model.unembed_matrix()
+  if eot is None:  # no markers: the last prompt (or thought) position predicts the first token
+    first = jnp.argmax(jnp.einsum("bd,dv->bv", prev, unembed.astype(prev.dtype),
+                                  preferred_element_type=jnp.float32), axis=-1).astype(jnp.int32)
+  else:
+    logits, cache = model(jnp.full((b, 1), eot, jnp.int32), positions=pos[:, None], segment_ids=ones,
+                          cache=cache, cache_start=jnp.full((b,), slot, jnp.int32))
+    first = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+    slot, pos = slot + 1, pos + 1
+
+  def body(i, carry):
+    cache, tok, out, done, state = carry
+    out = out.at[:, i].set(jnp.where(done, pad, tok))
+    done = done | (tok == eos)
+    logits, cache = nnx.merge(graphdef, state)(
+        tok[:, None], positions=(pos + i)[:, None], segment_ids=ones, cache=cache,
+        cache_start=jnp.full((b,), slot + i, jnp.int32))
+    return cache, jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), out, done, state
+
+  out = jnp.full((b, g), pad, jnp.int32)
+  _, _, out, done, _ = jax.lax.fori_loop(0, g, body, (cache, first, out, jnp.zeros((b,), bool), state))
+  is_eos = out == eos
+  lengths = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, g)
+  return out, lengths, jnp.swapaxes(thought_inputs, 0, 1).astype(jnp.float32)
+
+
+def latent_generate(model, prompts: Sequence[np.ndarray], *, thoughts: int, eot: int | None, eos: int, pad: int,
+                    max_new_tokens: int) -> LatentOutput:
+  """Greedy completions after ``thoughts`` continuous thoughts (``eot=None``: no ``<eot>`` is fed).
+
+  Args:
+    model: a :class:`jaxrl.models.Transformer`.
+    prompts: token ids per row, ending with ``<bot>`` in latent mode (:func:`jaxrl.latent.prompt_ids`).
+    thoughts: ``N`` continuous thoughts per row (0: plain greedy decoding).
+    eot: id of ``<eot>``, fed after the thoughts; None when the model was trained without markers.
+    eos: end-of-turn id (generation stops after it).
+    pad: id written after the end.
+    max_new_tokens: language tokens to generate at most.
+  """
+  rows = left_pad(prompts, pad)
+  graphdef, state = nnx.split(model)
+  out, lengths, th = _decode(graphdef, state, rows["tokens"], rows["positions"], rows["segment_ids"],
+                             thoughts=thoughts, eot=eot, eos=eos, pad=pad, max_new_tokens=max_new_tokens)
+  return LatentOutput(tokens=np.asarray(out), lengths=np.asarray(lengths), thoughts=np.asarray(th))

@@ -1,0 +1,30 @@
+"""AOT compile plans: a recipe's jitted programs compiled for target hardware, bytes per device.
+
+``jaxrl plan --config RECIPE --target v5p-8`` (docs/scaling.md). TPU targets need ``libtpu`` and
+NVIDIA targets the CUDA plugin (``pip install 'jaxrl[plan]'``); neither needs the hardware.
+"""
+
+from jaxrl.plan._plan import Plan, Row, advice, collective_bytes, format_plan, load_recipe, main, plan_recipe
+from jaxrl.plan._programs import PROGRAMS, PlanContext, Program, build_context, device_bytes, register_programs
+from jaxrl.plan._targets import TARGETS, Target, TargetUnavailable, get_target
+
+__all__ = [
+    "PROGRAMS",
+    "TARGETS",
+    "Plan",
+    "PlanContext",
+    "Program",
+    "Row",
+    "Target",
+    "TargetUnavailable",
+    "advice",
+    "build_context",
+    "collective_bytes",
+    "device_bytes",
+    "format_plan",
+    "get_target",
+    "load_recipe",
+    "main",
+    "plan_recipe",
+    "register_programs",
+]

@@ -1,0 +1,1044 @@
+"""The rollout engine: a fixed set of decode slots over a paged KV cache, with continuous batching.
+
+Memory. The KV cache is one pool of ``NB`` blocks of ``block_size`` slots per layer
+(``k, v [L, NB, bs, K, H]``), allocated once from a budget; it never grows with the number of
+requests. Every decode slot has a block table (``[num_slots, MB]``, ``MB = ceil(max_len / bs)``)
+naming the blocks that hold its sequence; a row holds ``ceil(cached tokens / bs)`` blocks plus at
+most one block of look-ahead for the steps of the current decode call.
+
+Schedule (host side, between device programs):
+  1. finished rows leave their slots, their blocks return to the pool and their completions are
+     streamed out;
+  2. waiting rows are admitted into free slots: the prompts of newly admitted groups are prefilled
+     (one jitted program per (rows, length) bucket; a group's ``n`` samples share the prompt's full
+     blocks and copy its last, partial block), and preempted or interrupted rows recompute the cache
+     of their prompt plus the tokens they already generated;
+  3. every running row gets the blocks its next steps write; when the pool is empty the most
+     recently admitted row is *preempted* (blocks freed, tokens kept, requeued at the front, its
+     cache recomputed when it is readmitted) — never a failure, never a truncation;
+  4. one jitted decode call (``num_slots`` rows, cache and slot state donated) runs up to
+     ``steps_per_call`` steps, and stops early as soon as a row finishes while rows are waiting.
+
+Each row follows the sampler's invariant (:mod:`jaxrl.sampling._sampler`): the cache holds every
+token of the sequence but the last, which is pending and fed at the next step; token ``i`` is drawn
+with ``fold_in(fold_in(fold_in(key(seed), request_id), sample), i)`` through
+:func:`jaxrl.sampling.sample_logits`, so a row's draws do not depend on its slot, the slot count,
+the other rows, preemption or interruption.
+
+Sharding. Slots (and their state) are split over the cache-batch mesh axes, the pool's block axis
+likewise (a slot only gets blocks of its own shard, see :class:`BlockPool`), kv heads over the
+tensor axis; the per-layer cache write and paged attention run under ``shard_map``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl import kernels, models
+from jaxrl.sampling import _decode, _layers
+from jaxrl.sampling import _sampler as _s
+from jaxrl.sampling._paged import BlockPool, blocks_for
+from jaxrl.sharding import LogicalRules
+
+_PAGE_AXES = ("layers", "cache_batch", None, "cache_kv_heads", "head_dim")  # [L, NB, bs, K, H]
+_PAGED_IMPL = {"reference": "reference", "pallas_triton": "pallas_triton", "pallas_tpu": "pallas_tpu"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests and completions
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Request:
+  """One prompt to complete ``n`` times (samples ``0..n-1``)."""
+
+  prompt: Sequence[int] | str
+  n: int = 1
+  max_new_tokens: int = 64
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  min_p: float = 0.0
+  seed: int = 0
+  request_id: int = 0
+  "With the seed, fixes the row's draws (as ``request_ids`` in :meth:`Sampler.generate`)."
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+  """One finished sample: the tokens after the prompt with their log-probs and policy versions."""
+
+  request_id: int
+  sample: int
+  prompt: np.ndarray  # [P] int32
+  tokens: np.ndarray  # [len] int32
+  logprobs: np.ndarray  # [len] float32: log_softmax(logits / T)[token], untruncated
+  sampling_logprobs: np.ndarray  # [len] float32: under the truncated distribution sampled from
+  versions: np.ndarray  # [len] int32: policy version that produced each token
+  finish_reason: str  # "eos" | "stop" | "length"
+  index: int = 0
+  "Position of this row among the rows of its :meth:`Engine.submit` call (``request·n + sample``)."
+
+
+@dataclasses.dataclass
+class EngineMetrics:
+  """Counters since the engine was built (``time_to_first_token`` per finished row, seconds)."""
+
+  decode_calls: int = 0
+  decode_steps: int = 0
+  generated_tokens: int = 0
+  prefill_tokens: int = 0
+  recomputed_tokens: int = 0
+  preemptions: int = 0
+  interruptions: int = 0
+  busy_slot_steps: int = 0
+  time_to_first_token: list[float] = dataclasses.field(default_factory=list)
+  decode_seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class _Group:
+  """A prompt's prefilled blocks, held (one reference) until all its samples are admitted."""
+
+  blocks: list[int] | None = None
+  left: int = 0
+
+
+@dataclasses.dataclass
+class _Row:
+  request: Request
+  prompt: list[int]
+  sample: int
+  index: int
+  max_new: int
+  group: _Group
+  submitted: float
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)
+  slot: int = -1
+  blocks: list[int] = dataclasses.field(default_factory=list)
+  n_gen: int = 0  # generated tokens (device value, mirrored after each call)
+  first_token: float | None = None
+  admitted_at: int = 0
+  started: bool = False  # counted against its group (admitted at least once)
+
+
+class _Slots(NamedTuple):
+  """Device state of every decode slot (``S`` = ``num_slots``, ``G`` = ``max_len``)."""
+
+  tables: jax.Array  # [S, MB] int32
+  prompt_len: jax.Array  # [S] int32
+  prompt_last: jax.Array  # [S] int32: the last prompt token (pending before the first decode step)
+  tokens: jax.Array  # [S, G] int32
+  logprobs: jax.Array  # [S, G] float32
+  sampling_logprobs: jax.Array  # [S, G] float32
+  versions: jax.Array  # [S, G] int32
+  n_gen: jax.Array  # [S] int32
+  done: jax.Array  # [S] bool (free slots are done)
+  reason: jax.Array  # [S] int32
+  keys: jax.Array  # [S] PRNG keys
+  temperature: jax.Array  # [S] float32
+  top_k: jax.Array  # [S] int32
+  top_p: jax.Array  # [S] float32
+  min_p: jax.Array  # [S] float32
+  max_new: jax.Array  # [S] int32
+
+
+def cache_block_bytes(cfg: models.ModelConfig, block_size: int, dtype) -> int:
+  """Bytes of one cache block (keys and values of every layer), over all devices."""
+  return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
+
+
+# --------------------------------------------------------------------------------------------------
+# The engine
+
+
+class Engine:
+  """Continuous-batching rollout engine over a paged KV cache (see the module docstring).
+
+  Example::
+
+      engine = sampling.Engine(model, tokenizer, mesh=mesh, num_slots=64, kv_cache_bytes=8 << 30, max_len=4096)
+      out = engine.generate(prompts, n=8, max_new_tokens=2048, temperature=1.0, seed=0)  # a SampleOutput
+      engine.submit([sampling.Request(prompt=ids, n=4, max_new_tokens=512, request_id=7)])
+      for c in engine.completions():        # each row as soon as it finishes
+        score(c.tokens, c.logprobs, c.versions, c.finish_reason)
+      engine.update_weights(new_params_model, version=3)   # between decode steps
+
+  Args:
+    model: the model (split once; new weights of the same shapes never recompile).
+    tokenizer: a transformers tokenizer (optional with token-id prompts).
+    mesh, rules: slots and cache blocks over the ``cache_batch`` mesh axes, kv heads over
+      ``cache_kv_heads`` (default :meth:`LogicalRules.default`).
+    num_slots: decode slots (rows decoded together); a multiple of the cache-batch shards.
+    max_len: most tokens per row (prompt + completion).
+    block_size: cache slots per block.
+    kv_cache_bytes: cache budget *per device*; the pool gets as many blocks as fit. Exclusive with
+      ``num_blocks`` (the pool size over all devices) and ``kv_cache_fraction`` (of the device's free
+      memory, where the backend reports it).
+    steps_per_call: most decode steps per device call (a call also ends when a row finishes).
+    prefill_rows: rows per prefill program (prompts are prefilled in groups of this many).
+    eos_token_ids, pad_token_id, cache_dtype, add_special_tokens, version, unstack_layers: as in
+      :class:`jaxrl.sampling.Sampler`.
+    paged_impl: paged attention implementation (``"auto"`` or one of
+      :data:`jaxrl.kernels.PAGED_IMPLS`); default from the model's ``attention_impl``.
+    row_tile: decode (and sample) the slots in a scan over tiles of this many rows (a divisor of
+      ``num_slots``; on a mesh, a multiple of the cache-batch shards). With ``row_tile=1`` every
+      row's arithmetic has the same shapes whatever ``num_slots`` and the slot it lands in, so
+      results are bit-identical across slot counts (XLA's reductions and matmuls round differently
+      by batch size and row position, by ~1 ulp); costs one pass over the weights per tile, so it
+      is a reproducibility switch, not a serving setting.
+  """
+
+  def __init__(self, model, tokenizer=None, *, mesh: Mesh | None = None, rules: LogicalRules | None = None,
+               num_slots: int = 8, max_len: int = 2048, block_size: int = 16, kv_cache_bytes: int | None = None,
+               num_blocks: int | None = None, kv_cache_fraction: float | None = None, steps_per_call: int = 8,
+               prefill_rows: int = 4, eos_token_ids: Sequence[int] | None = None, pad_token_id: int | None = None,
+               cache_dtype: str | None = None, add_special_tokens: bool = True, version: int = 0,
+               unstack_layers: bool | None = None, paged_impl: str | None = None, min_bucket: int = 8,
+               row_tile: int | None = None):
+    for key, val in (("num_slots", num_slots), ("max_len", max_len), ("block_size", block_size),
+                     ("steps_per_call", steps_per_call), ("prefill_rows", prefill_rows)):
+      if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+        raise ValueError(f"{key}: must be a positive int, got {val!r}")
+    if row_tile is not None and (not isinstance(row_tile, int) or row_tile < 1 or num_slots % row_tile):
+      raise ValueError(f"row_tile: must be a positive divisor of num_slots={num_slots}, got {row_tile!r}")
+    if max_len < 2:
+      raise ValueError(f"max_len: must be >= 2, got {max_len!r}")
+    if sum(x is not None for x in (kv_cache_bytes, num_blocks, kv_cache_fraction)) != 1:
+      raise ValueError("give exactly one of kv_cache_bytes, num_blocks, kv_cache_fraction")
+    self.cfg = model.cfg
+    self.tokenizer = tokenizer
+    self.mesh = mesh
+    self.rules = rules or LogicalRules.default()
+    self.max_len = max_len
+    self.min_bucket = min_bucket
+    self.add_special_tokens = add_special_tokens
+    self.cache_dtype = jnp.dtype(cache_dtype or self.cfg.dtype)
+    self.block_size = block_size
+    self.steps_per_call = steps_per_call
+    self.prefill_rows = prefill_rows
+    if eos_token_ids is None:
+      eos = getattr(tokenizer, "eos_token_id", None)
+      eos_token_ids = [] if eos is None else [eos]
+    self.eos_token_ids = tuple(self._check_token(t, "eos_token_ids") for t in eos_token_ids)
+    if pad_token_id is None:
+      pad_token_id = getattr(tokenizer, "pad_token_id", None)
+      pad_token_id = 0 if pad_token_id is None else pad_token_id
+    self.pad_token_id = int(pad_token_id)
+    self.unstack_layers = jax.default_backend() == "cpu" if unstack_layers is None else bool(unstack_layers)
+    self.paged_impl = paged_impl or _PAGED_IMPL.get(self.cfg.attention_impl, "auto")
+    if self.paged_impl not in kernels.PAGED_IMPLS:
+      raise ValueError(f"paged_impl: {self.paged_impl!r} is not one of {list(kernels.PAGED_IMPLS)}")
+
+    self.dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in self.rules.mesh_axes("cache_batch"))
+    if num_slots % self.dp:
+      raise ValueError(f"num_slots: {num_slots} is not a multiple of the cache-batch shards ({self.dp})")
+    self.num_slots = num_slots
+    self.max_blocks = blocks_for(max_len, block_size)
+    tp = 1
+    if mesh is not None:
+      heads = [a for a in self.rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1]
+      size = math.prod(mesh.shape[a] for a in heads) if heads else 1
+      tp = size if self.cfg.num_kv_heads % size == 0 else 1
+    self.block_bytes = cache_block_bytes(self.cfg, block_size, self.cache_dtype)
+    if kv_cache_fraction is not None:
+      if not 0 < kv_cache_fraction <= 1:
+        raise ValueError(f"kv_cache_fraction: must be in (0, 1], got {kv_cache_fraction!r}")
+      stats = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).memory_stats() or {}
+      if "bytes_limit" not in stats:
+        raise ValueError("kv_cache_fraction: this backend reports no device memory; give kv_cache_bytes")
+      kv_cache_bytes = int(kv_cache_fraction * (stats["bytes_limit"] - stats.get("bytes_in_use", 0)))
+    if kv_cache_bytes is not None:
+      if kv_cache_bytes <= 0:
+        raise ValueError(f"kv_cache_bytes: must be positive, got {kv_cache_bytes!r}")
+      num_blocks = int(kv_cache_bytes // (self.block_bytes // tp)) * self.dp
+    elif isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+      raise ValueError(f"num_blocks: must be a positive int, got {num_blocks!r}")
+    num_blocks -= num_blocks % self.dp
+    need = self.max_blocks + 1
+    if num_blocks // self.dp < need:
+      raise ValueError(
+          f"kv cache: {num_blocks // self.dp} blocks per shard (budget {kv_cache_bytes or num_blocks} "
+          f"{'bytes per device' if kv_cache_bytes else 'blocks'}) cannot hold one row of max_len={max_len} "
+          f"({need} blocks of {block_size}); raise the budget or lower max_len")
+    self.num_blocks = num_blocks
+    self.kv_cache_bytes_per_device = num_blocks // self.dp * (self.block_bytes // tp)
+
+    self.source_graphdef = nnx.graphdef(model)
+    self.graphdef, self.params = nnx.split(self._placed(model))
+    self.version = int(version)
+    self._programs = _programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
+                               self.cache_dtype, self.paged_impl, self.num_slots, self.max_len, self.max_blocks,
+                               self.num_blocks, self.block_size, row_tile)
+    self.pages, self.slots = self._programs.init()
+    self.pool = BlockPool(num_blocks, self.dp)
+    self._stops, self._stop_strings = _s.Sampler._stops(self, (), ())
+    self._stop_key: tuple = ((), ())
+    self._waiting: collections.deque[_Row] = collections.deque()
+    self._running: dict[int, _Row] = {}  # slot -> row
+    self._finished: collections.deque[Completion] = collections.deque()
+    self._admissions = 0
+    self._holding: list[_Group] = []  # groups holding prompt blocks for samples still to admit
+    self._started: float | None = None
+    self.metrics = EngineMetrics()
+
+  # ------------------------------------------------------------------------------------------------
+  # Public API
+
+  @property
+  def compile_counts(self) -> collections.Counter[str]:
+    """Traces (= compilations) per program: ``prefill``, ``decode``, ``install``, ``copy``."""
+    return self._programs.counts
+
+  @property
+  def cache_bytes(self) -> int:
+    """Bytes of the allocated KV-cache pool, all devices together."""
+    return int(self.pages[0].nbytes + self.pages[1].nbytes)
+
+  def stats(self) -> dict[str, float]:
+    """Gauges and rates: busy slots, cache use, queue length, tokens/s, mean time to first token."""
+    m = self.metrics
+    ttft = m.time_to_first_token
+    return {"busy_slots": float(len(self._running)), "cache_use": self.pool.used / self.num_blocks,
+            "queue_length": float(len(self._waiting)), "preemptions": float(m.preemptions),
+            "interruptions": float(m.interruptions), "decode_steps": float(m.decode_steps),
+            "slot_occupancy": m.busy_slot_steps / max(m.decode_steps * self.num_slots, 1),
+            "tokens_per_s": m.generated_tokens / max(m.decode_seconds, 1e-9),
+            "ttft_mean_s": float(np.mean(ttft)) if ttft else 0.0,
+            "ttft_max_s": float(np.max(ttft)) if ttft else 0.0}
+
+  @property
+  def idle(self) -> bool:
+    """No waiting or running rows."""
+    return not self._waiting and not self._running
+
+  def submit(self, requests: Sequence[Request]) -> None:
+    """Queues requests (rows ``request·n + sample`` of this call get ``Completion.index``)."""
+    now = time.perf_counter()
+    prompts = _s.Sampler._encode_prompts(self, [r.prompt for r in requests]) if requests else []
+    k = 0
+    for r, ids in zip(requests, prompts):
+      if not isinstance(r, Request):
+        raise TypeError(f"submit: expected Request objects, got {type(r).__name__}")
+      _check_request(r)
+      group = _Group(left=r.n)
+      max_new = min(r.max_new_tokens, self.max_len - len(ids))
+      for j in range(r.n):
+        self._waiting.append(_Row(request=r, prompt=ids, sample=j, index=k, max_new=max_new, group=group,
+                                  submitted=now))
+        k += 1
+
+  def completions(self, callback: Callable[[Completion], None] | None = None) -> Iterator[Completion]:
+    """Steps the engine until it is idle, yielding (and passing to ``callback``) each row as it ends."""
+    while True:
+      while self._finished:
+        c = self._finished.popleft()
+        if callback is not None:
+          callback(c)
+        yield c
+      if self.idle:
+        return
+      self.step()
+
+  def update_weights(self, model, version: int | None = None, *, mode: str = "interrupt") -> None:
+    """New weights from the next decode step on (same architecture and shapes: no recompilation).
+
+    ``mode="interrupt"`` (AReaL): running rows keep their tokens, their cache is recomputed with
+    the new weights and they continue, their next tokens recording ``version``. ``mode="finish"``:
+    running rows first decode to their end under the old weights (their completions are queued for
+    :meth:`completions`), then the weights change.
+    """
+    if mode not in ("interrupt", "finish"):
+      raise ValueError(f"update_weights: mode {mode!r} is not one of ['interrupt', 'finish']")
+    if nnx.graphdef(model) != self.source_graphdef:
+      raise ValueError("update_weights: the new model's structure differs from the engine's model")
+    params = nnx.state(self._placed(model))
+    shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+    if shapes(params) != shapes(self.params):
+      raise ValueError("update_weights: the new model's parameter shapes or dtypes differ from the engine's")
+    if mode == "finish":
+      while self._running:
+        self.step(admit=False)
+    self.params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, self.params))
+    for g in list(self._holding):  # prompt caches of the old weights: later samples prefill again
+      self._drop_group(g)
+    self.version = self.version + 1 if version is None else int(version)
+    if mode == "interrupt" and self._running:
+      rows = list(self._running.values())
+      self._sync_tokens(rows)
+      self.metrics.interruptions += len(rows)
+      self._prefill([(row, row.blocks) for row in rows], recompute=True)
+
+  def set_weights(self, model, *, version: int | None = None) -> None:
+    """:meth:`Sampler.set_weights`'s signature: :meth:`update_weights` with in-flight rows interrupted."""
+    self.update_weights(model, version, mode="interrupt")
+
+  def generate(self, prompts, *, n: int = 1, max_new_tokens: int = 64, temperature=1.0, top_p=1.0, top_k=0,
+               min_p=0.0, seed: int = 0, request_ids: Sequence[int] | None = None,
+               stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = (),
+               return_top_logprobs: int = 0, return_entropy: bool = False, max_steps: int | None = None,
+               return_state: bool = False) -> _s.SampleOutput:
+    """:meth:`jaxrl.sampling.Sampler.generate`'s contract, served by the engine (same rows, same draws).
+
+    ``return_top_logprobs``, ``return_entropy``, ``max_steps`` and ``return_state`` are not
+    served by the engine (use :class:`Sampler`); they must keep their defaults.
+    """
+    if return_top_logprobs or return_entropy or max_steps is not None or return_state:
+      raise ValueError("Engine.generate: return_top_logprobs, return_entropy, max_steps and return_state are "
+                       "Sampler-only options")
+    if not self.idle:
+      raise RuntimeError("Engine.generate needs an idle engine; use submit/completions while it is busy")
+    ids = _s.Sampler._encode_prompts(self, prompts)
+    count = len(ids)
+    if not isinstance(n, int) or n < 1:
+      raise ValueError(f"n: must be a positive int, got {n!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+      raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
+    temp = _s._per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
+    tp = _s._per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
+    tk = _s._per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
+    mp = _s._per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
+    rid = np.arange(count) if request_ids is None else np.asarray(request_ids)
+    if (rid.shape != (count,) or not np.issubdtype(rid.dtype, np.integer) or (rid < 0).any()
+        or (rid >= 2**31).any()):
+      raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
+    self.set_stops(stop_token_ids, stop_strings)
+    self.submit([Request(prompt=p, n=n, max_new_tokens=max_new_tokens, temperature=float(temp[i]),
+                         top_p=float(tp[i]), top_k=int(tk[i]), min_p=float(mp[i]), seed=int(seed),
+                         request_id=int(rid[i])) for i, p in enumerate(ids)])
+    rows = {c.index: c for c in self.completions()}
+    return self._output(rows, count, n, max_new_tokens)
+
+  def set_stops(self, stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = ()) -> None:
+    """Stop tokens / strings (besides eos) for the rows decoded from now on; only while idle."""
+    key = (tuple(stop_token_ids), (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings))
+    if key == self._stop_key:
+      return
+    if not self.idle:
+      raise RuntimeError("set_stops: the stop rules can only change while the engine is idle")
+    self._stops, self._stop_strings = _s.Sampler._stops(self, stop_token_ids, stop_strings)
+    self._stop_key = key
+
+  # ------------------------------------------------------------------------------------------------
+  # Scheduling
+
+  def step(self, *, admit: bool = True) -> None:
+    """One scheduling round: admit, reserve blocks (preempting if needed), one decode call, retire."""
+    if self._started is None:
+      self._started = time.perf_counter()
+    if admit:
+      self._admit()
+    if not self._running:
+      if self._waiting:
+        raise RuntimeError("engine: no row could be admitted into an empty engine (cache too small)")
+      return
+    steps = self._reserve()
+    t0 = time.perf_counter()
+    budget = jnp.int32(steps)
+    early = jnp.bool_(bool(self._waiting))  # stop at the first finished row only when a row waits for its slot
+    self.pages, self.slots, ran = self._programs.decode(self.params, self.pages, self.slots, self._stops,
+                                                        jnp.int32(self.version), budget, early)
+    host = jax.device_get(dict(n_gen=self.slots.n_gen, done=self.slots.done, reason=self.slots.reason, ran=ran))
+    now = time.perf_counter()
+    m = self.metrics
+    m.decode_calls += 1
+    m.decode_seconds += now - t0
+    busy = len(self._running)
+    made = 0
+    ended = []
+    for slot, row in self._running.items():
+      n = int(host["n_gen"][slot])
+      made += n - row.n_gen
+      row.n_gen = n
+      if row.first_token is None and n > 0:
+        row.first_token = now
+        m.time_to_first_token.append(now - row.submitted)
+      if host["done"][slot]:
+        ended.append((slot, row, int(host["reason"][slot])))
+    m.generated_tokens += made
+    steps_run = int(host["ran"])
+    m.decode_steps += steps_run
+    m.busy_slot_steps += busy * steps_run
+    if ended:
+      self._retire(ended)
+
+  def _admit(self) -> None:
+    """Fills free slots from the queue (FIFO): prefills new prompts and recomputes resumed rows in
+    batches, then forks the other samples of each prefilled prompt from its blocks."""
+    free = [s for s in range(self.num_slots) if s not in self._running]
+    prefill: list[tuple[_Row, list[int]]] = []
+    forks: list[_Row] = []
+    prefilling: set[int] = set()  # groups whose first sample is prefilled in this round
+    while self._waiting and free:
+      row = self._waiting[0]
+      slot = self._pick_slot(free, row)
+      fresh = not row.tokens
+      if fresh and (row.group.blocks is not None or id(row.group) in prefilling):
+        forks.append(row)  # blocks planned once the group's prefill has run
+        row.slot = slot
+      else:
+        cached = len(row.prompt) + len(row.tokens) - 1
+        need = blocks_for(cached + 1, self.block_size)
+        blocks = self.pool.allocate(self._shard(slot), need)
+        if blocks is None and self._holding and not self._running and not prefill and not forks:
+          for g in list(self._holding):  # an empty engine: prompt blocks held for later samples go first
+            self._drop_group(g)
+          blocks = self.pool.allocate(self._shard(slot), need)
+        if blocks is None:
+          break
+        row.slot, row.blocks = slot, blocks
+        prefill.append((row, blocks))
+        if fresh and row.group.left > 1:
+          prefilling.add(id(row.group))
+      self._waiting.popleft()
+      free.remove(slot)
+    if prefill:
+      self._prefill(prefill, recompute=False)
+      for row, blocks in prefill:
+        g = row.group
+        if not row.tokens and g.left > 1 and g.blocks is None:
+          g.blocks = blocks[:blocks_for(len(row.prompt) - 1, self.block_size)]
+          self.pool.share(g.blocks)
+          self._holding.append(g)
+    copies, ready, back = [], [], []
+    for row in forks:
+      plan = None if back else self._fork_plan(row, row.group.blocks, self._shard(row.slot))
+      if plan is None:  # no room: back to the queue (in order), the slot stays free
+        back.append(row)
+        row.slot = -1
+        continue
+      row.blocks, pairs = plan
+      copies += pairs
+      ready.append(row)
+    for row in reversed(back):
+      self._waiting.appendleft(row)
+    if copies:
+      src, dst = zip(*copies)
+      self.pages = self._programs.copy(self.pages, *self._bucket_pairs(src, dst))
+    admitted = [row for row, _ in prefill] + ready
+    if not admitted:
+      return
+    self._install(admitted)
+    for row in admitted:
+      self._admissions += 1
+      row.admitted_at = self._admissions
+      self._running[row.slot] = row
+      g = row.group
+      if not row.tokens and not row.started:
+        row.started = True
+        g.left -= 1
+        if g.left == 0 and g.blocks is not None:
+          self._drop_group(g)
+
+  def _drop_group(self, g: _Group) -> None:
+    self.pool.release(g.blocks)
+    g.blocks = None
+    self._holding.remove(g)
+
+  def _shard(self, slot: int) -> int:
+    return slot // (self.num_slots // self.dp)
+
+  def _pick_slot(self, free: list[int], row: _Row) -> int:
+    """A free slot, on the shard of the row's group's blocks when it has some."""
+    if row.group.blocks and self.dp > 1:
+      shard = self.pool.shard_of(row.group.blocks[0])
+      for s in free:
+        if s // (self.num_slots // self.dp) == shard:
+          return s
+    # Spread over shards: the shard with the most free blocks among those with a free slot.
+    return max(free, key=lambda s: (self.pool.free_count(s // (self.num_slots // self.dp)), -s))
+
+  def _fork_plan(self, row: _Row, src: list[int], shard: int):
+    """Blocks for a new sample of a prefilled prompt: shares the full blocks (same shard), copies the rest."""
+    need = blocks_for(len(row.prompt), self.block_size)
+    full = (len(row.prompt) - 1) // self.block_size
+    same = self.pool.shard_of(src[0]) == shard if src else True
+    shared = src[:full] if same else []
+    own = self.pool.allocate(shard, need - len(shared))
+    if own is None:
+      return None
+    self.pool.share(shared)
+    blocks = list(shared) + own
+    copies = [(src[i], blocks[i]) for i in range(len(shared), len(src))]
+    return blocks, copies
+
+  def _reserve(self) -> int:
+    """Blocks for the next decode call's writes; when the pool runs dry, prompt blocks held for
+    not-yet-admitted samples are dropped first, then the latest-admitted row is preempted."""
+    steps = self.steps_per_call
+    changed: dict[int, _Row] = {}
+    while True:
+      short = None
+      for slot, row in sorted(self._running.items(), key=lambda kv: kv[1].admitted_at):
+        last = len(row.prompt) + row.max_new - 2  # position of the last token ever fed
+        pos = len(row.prompt) + row.n_gen - 1
+        extra = blocks_for(min(pos + steps, last + 1), self.block_size) - len(row.blocks)
+        if extra > 0:
+          got = self.pool.allocate(self._shard(slot), extra)
+          if got is None:
+            short = row
+            break
+          row.blocks += got
+          changed[id(row)] = row
+      if short is None:
+        break
+      held = [g for g in self._holding
+              if g.blocks and (self.dp == 1 or self.pool.shard_of(g.blocks[0]) == self._shard(short.slot))]
+      if held:
+        for g in held:
+          self._drop_group(g)
+        continue
+      victims = [r for r in self._running.values() if self._shard(r.slot) == self._shard(short.slot)]
+      victim = max(victims, key=lambda r: r.admitted_at)
+      changed.pop(id(victim), None)
+      self._preempt(victim)
+    rows = [r for r in changed.values() if r.slot >= 0]
+    if rows:
+      self._set_tables(rows)
+    return steps
+
+  def _preempt(self, row: _Row) -> None:
+    self._sync_tokens([row])
+    self._release_rows([row])
+    self.metrics.preemptions += 1
+    self._waiting.appendleft(row)
+
+  def _release_rows(self, rows: list[_Row]) -> None:
+    for row in rows:
+      del self._running[row.slot]
+      self.pool.release(row.blocks)
+      row.blocks = []
+    self.slots = self._programs.free(self.slots, self._put_slot_idx([row.slot for row in rows]))
+    for row in rows:
+      row.slot = -1
+
+  def _sync_tokens(self, rows: list[_Row]) -> None:
+    """Copies the rows' generated tokens, log-probs and versions to the host."""
+    idx = self._put_slot_idx([r.slot for r in rows])
+    got = jax.device_get(self._programs.gather(self.slots, idx))
+    for k, row in enumerate(rows):
+      n = int(got["n_gen"][k])
+      row.n_gen = n
+      row.tokens = got["tokens"][k, :n].tolist()
+      row.logprobs = got["logprobs"][k, :n].tolist()
+      row.sampling_logprobs = got["sampling_logprobs"][k, :n].tolist()
+      row.versions = got["versions"][k, :n].tolist()
+
+  def _retire(self, ended: list[tuple[int, _Row, int]]) -> None:
+    rows = [row for _, row, _ in ended]
+    self._sync_tokens(rows)
+    self._release_rows(rows)
+    for _, row, reason in ended:
+      n = len(row.tokens)
+      tokens = np.asarray(row.tokens, np.int32)
+      finish = _s.FINISH_REASONS[reason]
+      if self._stop_strings and self.tokenizer is not None:
+        cut = _s.Sampler._stop_string_end(self, tokens, self._stop_strings)
+        if cut is not None and (cut < n or finish != "stop"):
+          n, finish = cut, "stop"
+      self._finished.append(Completion(
+          request_id=row.request.request_id, sample=row.sample, prompt=np.asarray(row.prompt, np.int32),
+          tokens=tokens[:n], logprobs=np.asarray(row.logprobs[:n], np.float32),
+          sampling_logprobs=np.asarray(row.sampling_logprobs[:n], np.float32),
+          versions=np.asarray(row.versions[:n], np.int32), finish_reason=finish, index=row.index))
+
+  # ------------------------------------------------------------------------------------------------
+  # Device programs, called from the schedule
+
+  def _prefill(self, batch: list[tuple[_Row, list[int]]], *, recompute: bool) -> None:
+    """Writes the cache of each row's sequence but its last token (prompt + generated so far)."""
+    by_bucket: dict[int, list] = collections.defaultdict(list)
+    for row, blocks in batch:
+      seq = row.prompt + row.tokens
+      bucket = max(_s.length_bucket(len(seq) - 1, minimum=self.min_bucket), self.block_size)
+      by_bucket[bucket].append((row, blocks, seq))
+    m = self.metrics
+    for p, items in sorted(by_bucket.items()):
+      for i in range(0, len(items), self.prefill_rows):
+        chunk = items[i:i + self.prefill_rows]
+        u = self.prefill_rows
+        toks = np.zeros((u, p), np.int32)
+        n_cache = np.zeros((u,), np.int32)
+        tables = np.full((u, p // self.block_size), self.num_blocks, np.int32)
+        for k, (row, blocks, seq) in enumerate(chunk):
+          toks[k, :len(seq) - 1] = seq[:-1]
+          n_cache[k] = len(seq) - 1
+          nb = blocks_for(n_cache[k], self.block_size)
+          tables[k, :nb] = blocks[:nb]
+          if recompute:
+            m.recomputed_tokens += int(n_cache[k])
+          else:
+            m.prefill_tokens += int(n_cache[k])
+        self.pages = self._programs.prefill(self.params, self.pages, jnp.asarray(toks), jnp.asarray(n_cache),
+                                            jnp.asarray(tables))
+    if not recompute:
+      self._install([row for row, _ in batch])
+
+  def _install(self, rows: list[_Row]) -> None:
+    """Loads the rows' state (table, sampling parameters, key, tokens so far) into their slots."""
+    a = _s._next_pow2(len(rows))
+    g = min(_s.length_bucket(max(len(r.tokens) for r in rows), minimum=8), self.max_len)  # padded on device
+    f = dict(slot=np.full((a,), self.num_slots, np.int32), tables=np.full((a, self.max_blocks), self.num_blocks,
+                                                                              np.int32),
+             prompt_len=np.ones((a,), np.int32), prompt_last=np.zeros((a,), np.int32),
+             tokens=np.zeros((a, g), np.int32), logprobs=np.zeros((a, g), np.float32),
+             sampling_logprobs=np.zeros((a, g), np.float32), versions=np.full((a, g), -1, np.int32),
+             n_gen=np.zeros((a,), np.int32), seed=np.zeros((a,), np.uint32), request=np.zeros((a,), np.int32),
+             sample=np.zeros((a,), np.int32), temperature=np.zeros((a,), np.float32),
+             top_k=np.zeros((a,), np.int32), top_p=np.ones((a,), np.float32), min_p=np.zeros((a,), np.float32),
+             max_new=np.ones((a,), np.int32))
+    for k, row in enumerate(rows):
+      r = row.request
+      n = len(row.tokens)
+      f["slot"][k] = row.slot
+      f["tables"][k, :len(row.blocks)] = row.blocks
+      f["prompt_len"][k] = len(row.prompt)
+      f["prompt_last"][k] = row.prompt[-1]
+      f["tokens"][k, :n] = row.tokens
+      f["logprobs"][k, :n] = row.logprobs
+      f["sampling_logprobs"][k, :n] = row.sampling_logprobs
+      f["versions"][k, :n] = row.versions
+      f["n_gen"][k] = n
+      f["seed"][k] = r.seed % 2**32
+      f["request"][k] = r.request_id
+      f["sample"][k] = row.sample
+      f["temperature"][k], f["top_k"][k], f["top_p"][k], f["min_p"][k] = r.temperature, r.top_k, r.top_p, r.min_p
+      f["max_new"][k] = row.max_new
+      row.n_gen = n
+      if n and row.first_token is None:
+        row.first_token = time.perf_counter()
+    self.slots = self._programs.install(self.slots, {k: jnp.asarray(v) for k, v in f.items()})
+
+  def _set_tables(self, rows: list[_Row]) -> None:
+    a = _s._next_pow2(len(rows))
+    slot = np.full((a,), self.num_slots, np.int32)
+    tables = np.full((a, self.max_blocks), self.num_blocks, np.int32)
+    for k, row in enumerate(rows):
+      slot[k] = row.slot
+      tables[k, :len(row.blocks)] = row.blocks
+    self.slots = self._programs.set_tables(self.slots, jnp.asarray(slot), jnp.asarray(tables))
+
+  def _put_slot_idx(self, slots: list[int]) -> jax.Array:
+    a = _s._next_pow2(len(slots))
+    idx = np.full((a,), self.num_slots, np.int32)
+    idx[:len(slots)] = slots
+    return jnp.asarray(idx)
+
+  def _bucket_pairs(self, src, dst):
+    a = _s._next_pow2(len(src))
+    s = np.zeros((a,), np.int32)
+    d = np.full((a,), self.num_blocks, np.int32)
+    s[:len(src)] = src
+    d[:len(dst)] = dst
+    return jnp.asarray(s), jnp.asarray(d)
+
+  def _output(self, rows: dict[int, Completion], count: int, n: int, max_new_tokens: int) -> _s.SampleOutput:
+    total = count * n
+    m = max_new_tokens
+    tokens = np.full((total, m), self.pad_token_id, np.int32)
+    lp = np.zeros((total, m), np.float32)
+    slp = np.zeros((total, m), np.float32)
+    versions = np.full((total, m), -1, np.int32)
+    lengths = np.zeros((total,), np.int32)
+    reasons = []
+    for i in range(total):
+      c = rows[i]
+      k = len(c.tokens)
+      tokens[i, :k], lp[i, :k], slp[i, :k], versions[i, :k] = c.tokens, c.logprobs, c.sampling_logprobs, c.versions
+      lengths[i] = k
+      reasons.append(c.finish_reason)
+    texts = None
+    if self.tokenizer is not None:
+      texts = [self.tokenizer.decode(tokens[i, :lengths[i]].tolist(), skip_special_tokens=True) for i in range(total)]
+    return _s.SampleOutput(tokens=tokens, logprobs=lp, sampling_logprobs=slp, lengths=lengths, finish_reason=reasons,
+                           versions=versions, prompt_lengths=np.asarray([len(rows[i].prompt) for i in range(total)],
+                                                                        np.int32),
+                           prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), texts=texts)
+
+  # ------------------------------------------------------------------------------------------------
+  # Input handling (the sampler's rules)
+
+  def _placed(self, model):
+    if self.unstack_layers:
+      return _layers.unstack_layers(model, mesh=self.mesh, rules=self.rules)
+    return model if self.mesh is None else models.shard_model(model, self.mesh, self.rules)
+
+  def _check_token(self, t, name: str) -> int:
+    return _s.Sampler._check_token(self, t, name)
+
+
+def _check_request(r: Request) -> None:
+  if not isinstance(r.n, int) or r.n < 1:
+    raise ValueError(f"Request.n: must be a positive int, got {r.n!r}")
+  if isinstance(r.max_new_tokens, bool) or not isinstance(r.max_new_tokens, int) or r.max_new_tokens < 1:
+    raise ValueError(f"Request.max_new_tokens: must be a positive int, got {r.max_new_tokens!r}")
+  if not (np.isfinite(r.temperature) and r.temperature >= 0):
+    raise ValueError(f"Request.temperature: must be >= 0, got {r.temperature!r}")
+  if not 0 < r.top_p <= 1:
+    raise ValueError(f"Request.top_p: must be in (0, 1], got {r.top_p!r}")
+  if r.top_k < 0 or not 0 <= r.min_p <= 1:
+    raise ValueError(f"Request.top_k / min_p out of range: {r.top_k!r}, {r.min_p!r}")
+  if not 0 <= r.request_id < 2**31:
+    raise ValueError(f"Request.request_id: must be in [0, 2**31), got {r.request_id!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Jitted programs
+
+
+class _Programs:
+  """The engine's jitted programs for one (model structure, mesh, shapes); shared by equal engines."""
+
+  def __init__(self, graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks,
+               num_blocks, block_size, row_tile):
+    self.row_tile = row_tile
+    self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
+    self.cache_dtype, self.paged_impl = cache_dtype, paged_impl
+    self.s, self.g, self.mb, self.nb, self.bs = num_slots, max_len, max_blocks, num_blocks, block_size
+    self.counts: collections.Counter[str] = collections.Counter()
+    page_shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    self.page_sharding = None if mesh is None else rules.sharding(_PAGE_AXES, mesh, page_shape)
+    slots_abs = jax.eval_shape(self._empty_slots)
+    self.slot_sharding = None if mesh is None else _Slots(*(self._row_sharding(x.ndim) for x in slots_abs))
+    pages_sh = None if mesh is None else (self.page_sharding, self.page_sharding)
+    jit = jax.jit
+    self.init = jit(self._init, out_shardings=None if mesh is None else (pages_sh, self.slot_sharding))
+    self.decode = jit(self._decode, donate_argnames=("pages", "slots"),
+                      out_shardings=None if mesh is None else (pages_sh, self.slot_sharding, None))
+    self.prefill = jit(self._prefill, donate_argnames=("pages",), out_shardings=pages_sh)
+    self.copy = jit(self._copy, donate_argnames=("pages",), out_shardings=pages_sh)
+    self.install = jit(self._install, donate_argnames=("slots",), out_shardings=self.slot_sharding)
+    self.set_tables = jit(self._set_tables, donate_argnames=("slots",), out_shardings=self.slot_sharding)
+    self.free = jit(self._free, donate_argnames=("slots",), out_shardings=self.slot_sharding)
+    self.gather = jit(self._gather)
+
+  def _row_sharding(self, ndim):
+    return NamedSharding(self.mesh, PartitionSpec(*self.rules.spec(("cache_batch",), self.mesh, (self.s,)),
+                                                  *[None] * (ndim - 1)))
+
+  def _empty_slots(self) -> _Slots:
+    s, g = self.s, self.g
+    return _Slots(tables=jnp.full((s, self.mb), self.nb, jnp.int32), prompt_len=jnp.ones((s,), jnp.int32),
+                  prompt_last=jnp.zeros((s,), jnp.int32), tokens=jnp.zeros((s, g), jnp.int32),
+                  logprobs=jnp.zeros((s, g), jnp.float32), sampling_logprobs=jnp.zeros((s, g), jnp.float32),
+                  versions=jnp.full((s, g), -1, jnp.int32), n_gen=jnp.zeros((s,), jnp.int32),
+                  done=jnp.ones((s,), bool), reason=jnp.zeros((s,), jnp.int32),
+                  keys=jax.random.split(jax.random.key(0), s), temperature=jnp.zeros((s,), jnp.float32),
+                  top_k=jnp.zeros((s,), jnp.int32), top_p=jnp.ones((s,), jnp.float32),
+                  min_p=jnp.zeros((s,), jnp.float32), max_new=jnp.ones((s,), jnp.int32))
+
+  def _init(self):
+    cfg = self.cfg
+    shape = (cfg.num_layers, self.nb, self.bs, cfg.num_kv_heads, cfg.head_dim)
+    return (jnp.zeros(shape, self.cache_dtype), jnp.zeros(shape, self.cache_dtype)), self._empty_slots()
+
+  # -- slot state --------------------------------------------------------------------------------
+
+  def _install(self, slots: _Slots, f: dict) -> _Slots:
+    self.counts["install"] += 1
+    idx = f["slot"]
+    keys = jax.vmap(lambda sd, q, j: jax.random.fold_in(jax.random.fold_in(jax.random.key(sd), q), j))(
+        f["seed"], f["request"], f["sample"])
+    def put(buf, v):
+      if v.ndim == 2 and v.shape[1] < buf.shape[1]:  # generated-so-far columns, uploaded narrow
+        v = jnp.pad(v, ((0, 0), (0, buf.shape[1] - v.shape[1])), constant_values=-1 if buf is slots.versions else 0)
+      return buf.at[idx].set(v.astype(buf.dtype), mode="drop")
+
+    upd = {name: put(getattr(slots, name), f[name]) for name in
+           ("tables", "prompt_len", "prompt_last", "tokens", "logprobs", "sampling_logprobs", "versions", "n_gen",
+            "temperature", "top_k", "top_p", "min_p", "max_new")}
+    upd["done"] = slots.done.at[idx].set(False, mode="drop")
+    upd["reason"] = slots.reason.at[idx].set(0, mode="drop")
+    upd["keys"] = slots.keys.at[idx].set(keys, mode="drop")
+    return slots._replace(**upd)
+
+  def _set_tables(self, slots: _Slots, idx, tables) -> _Slots:
+    self.counts["set_tables"] += 1
+    return slots._replace(tables=slots.tables.at[idx].set(tables, mode="drop"))
+
+  def _free(self, slots: _Slots, idx) -> _Slots:
+    self.counts["free"] += 1
+    return slots._replace(done=slots.done.at[idx].set(True, mode="drop"),
+                          tables=slots.tables.at[idx].set(self.nb, mode="drop"))
+
+  def _gather(self, slots: _Slots, idx) -> dict:
+    self.counts["gather"] += 1
+    idx = jnp.minimum(idx, self.s - 1)
+    return dict(n_gen=slots.n_gen[idx], tokens=slots.tokens[idx], logprobs=slots.logprobs[idx],
+                sampling_logprobs=slots.sampling_logprobs[idx], versions=slots.versions[idx])
+
+  # -- cache -------------------------------------------------------------------------------------
+
+  def _copy(self, pages, src, dst):
+    self.counts["copy"] += 1
+    k, v = pages
+    return (k.at[:, dst].set(k[:, src], mode="drop"), v.at[:, dst].set(v[:, src], mode="drop"))
+
+  def _prefill(self, params, pages, tokens, n_cache, tables):
+    """Runs ``tokens [U, P]`` (first ``n_cache`` valid) through the model and writes their keys/values
+    into the blocks ``tables [U, P / bs]`` (entries ``>= NB`` are dropped)."""
+    self.counts["prefill"] += 1
+    model = nnx.merge(self.graphdef, params)
+    u, p = tokens.shape
+    with jax.named_scope("prefill"):
+      seg = (jnp.arange(p)[None, :] < n_cache[:, None]).astype(jnp.int32)
+      pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (u, p))
+      cache = models.KVCache.init(self.cfg, u, p, self.cache_dtype)
+      _, cache = model(tokens, positions=pos, segment_ids=seg, cache=cache, cache_start=jnp.zeros((u,), jnp.int32),
+                       return_hidden=True)
+    used = jnp.arange(p // self.bs)[None, :] < (n_cache[:, None] + self.bs - 1) // self.bs
+    ids = jnp.where(used, tables, self.nb)  # [U, P / bs]
+    l, _, _, kh, h = cache.k.shape
+
+    def write(pool, new):  # [L, NB, bs, K, H] <- [L, U, P, K, H]
+      return pool.at[:, ids].set(new.reshape(l, u, p // self.bs, self.bs, kh, h).astype(pool.dtype), mode="drop")
+
+    k, v = pages
+    return write(k, cache.k), write(v, cache.v)
+
+  # -- decode ------------------------------------------------------------------------------------
+
+  def _decode(self, params, pages, slots: _Slots, stops, version, budget, early):
+    """Up to ``budget`` decode steps of every active slot; with ``early``, stops after the step in which
+    a row finishes (so a waiting row gets its slot at once)."""
+    self.counts["decode"] += 1
+    done0 = jnp.sum(slots.done)
+
+    def cond(carry):
+      _, slots, step, _ = carry
+      return (step < budget) & jnp.any(~slots.done) & (~early | (jnp.sum(slots.done) == done0))
+
+    def body(carry):
+      pages, slots, step, params = carry
+      with jax.named_scope("decode_step"):
+        t = self.row_tile
+        if not t:
+          pages, slots = self._advance(params, pages, slots, stops, version)
+        else:  # fixed tiles of rows in a scan: every row's arithmetic has the same shapes whatever S is
+          def tile(pages, part):
+            return self._advance(params, pages, part, stops, version)
+          split = lambda x: x.reshape((self.s // t, t) + x.shape[1:])
+          pages, tiled = jax.lax.scan(tile, pages, jax.tree.map(split, slots))
+          slots = jax.tree.map(lambda x: x.reshape((self.s,) + x.shape[2:]), tiled)
+      return pages, slots, step + 1, params
+
+    pages, slots, steps, _ = jax.lax.while_loop(cond, body, (pages, slots, jnp.int32(0), params))
+    return pages, slots, steps
+
+  def _attend_fn(self):
+    """``(q, k_new, v_new, k_pool, v_pool, tables, pos, active) -> (out, k_pool, v_pool)`` for one layer:
+    writes the new token's key/value at its slot's block, then paged attention; sharded with shard_map."""
+    bs, impl = self.bs, self.paged_impl
+    mesh, rules = self.mesh, self.rules
+
+    def local(q, k_new, v_new, k_pool, v_pool, tables, pos, active, first):
+      nb_local = k_pool.shape[0]
+      tables = tables - first
+      page = jnp.take_along_axis(tables, (pos // bs)[:, None], axis=1)[:, 0]
+      page = jnp.where(active & (page >= 0) & (page < nb_local), page, nb_local)
+      k_pool = k_pool.at[page, pos % bs].set(k_new.astype(k_pool.dtype), mode="drop")
+      v_pool = v_pool.at[page, pos % bs].set(v_new.astype(v_pool.dtype), mode="drop")
+      dt = q.dtype
+      out = kernels.paged_decode_attention(q, k_pool.astype(dt), v_pool.astype(dt), tables,
+                                           jnp.where(active, pos + 1, 0), impl=impl)
+      return out, k_pool, v_pool
+
+    if mesh is None:
+      return lambda *a: local(*a, jnp.int32(0))
+    batch = tuple(a for a in rules.mesh_axes("cache_batch") if mesh.shape[a] > 1)
+    heads = tuple(a for a in rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1)
+    size = lambda axes: math.prod(mesh.shape[a] for a in axes)
+    b_axes = batch if batch and self.s % size(batch) == 0 and self.nb % size(batch) == 0 else ()
+    h_axes = heads if heads and self.cfg.num_kv_heads % size(heads) == 0 and self.cfg.num_heads % size(heads) == 0 \
+        else ()
+    bs_, hs = b_axes or None, h_axes or None
+    nb_local = self.nb // (size(b_axes) if b_axes else 1)
+
+    def sharded(q, k_new, v_new, k_pool, v_pool, tables, pos, active):
+      first = (jax.lax.axis_index(b_axes) * nb_local).astype(jnp.int32) if b_axes else jnp.int32(0)
+      return local(q, k_new, v_new, k_pool, v_pool, tables, pos, active, first)
+
+    q_spec = PartitionSpec(bs_, hs, None)
+    pool_spec = PartitionSpec(bs_, None, hs, None)
+    row = PartitionSpec(bs_)
+    return jax.shard_map(sharded, mesh=mesh,
+                         in_specs=(q_spec, q_spec, q_spec, pool_spec, pool_spec, PartitionSpec(bs_, None), row, row),
+                         out_specs=(q_spec, pool_spec, pool_spec), check_vma=False)
+
+  def _advance(self, params, pages, slots: _Slots, stops, version) -> tuple:
+    """One decode step of the given slots: feed each active row's pending token, sample the next."""
+    active = ~slots.done
+    pos = slots.prompt_len + slots.n_gen - 1
+    prev = jnp.take_along_axis(slots.tokens, jnp.maximum(slots.n_gen - 1, 0)[:, None], axis=1)[:, 0]
+    token = jnp.where(slots.n_gen > 0, prev, slots.prompt_last)
+    logits, pages = self._step(nnx.merge(self.graphdef, params), token, pos, active, pages, slots.tables)
+    rows = _s._Rows(cache=None, prompt=None, prompt_len=slots.prompt_len, tokens=slots.tokens,
+                    logprobs=slots.logprobs, sampling_logprobs=slots.sampling_logprobs, versions=slots.versions,
+                    entropy=None, top_ids=None, top_values=None, n_gen=slots.n_gen, done=slots.done,
+                    reason=slots.reason, keys=slots.keys, temperature=slots.temperature, top_k=slots.top_k,
+                    top_p=slots.top_p, min_p=slots.min_p, max_new=slots.max_new)
+    rows = _s._emit(rows, logits, version, stops)
+    return pages, slots._replace(tokens=rows.tokens, logprobs=rows.logprobs, sampling_logprobs=rows.sampling_logprobs,
+                                 versions=rows.versions, n_gen=rows.n_gen, done=rows.done, reason=rows.reason)
+
+  def _step(self, model, token, pos, active, pages, tables):
+    """One token per slot through the model (as :func:`jaxrl.sampling.decode_step`, over the paged pool)."""
+    cfg = model.cfg
+    dt = cfg.jnp_dtype
+    attend = self._attend_fn()
+    positions = pos[:, None]
+    x = jnp.take(model.embed[...], token[:, None], axis=0).astype(dt)  # [S, 1, D]
+
+    def block_fn(block, x, k_l, v_l):
+      attn = block.attn
+      q, k, v = _decode._project(attn, block.attn_norm(x), positions)
+      out, k_l, v_l = attend(q[:, 0], k[:, 0], v[:, 0], k_l, v_l, tables, pos, active)
+      n, h, d = attn.o_proj.shape
+      y = (out.reshape(-1, n * h) @ attn.o_proj[...].astype(dt).reshape(n * h, d))[:, None]
+      x = x + models.add_lora(attn, "o_proj", out[:, None], y)
+      x = x + block.mlp(block.mlp_norm(x))
+      return x, k_l, v_l
+
+    k_pages, v_pages = pages
+    if cfg.scan_layers:
+      def body(x, block, k_l, v_l):
+        x, k_l, v_l = block_fn(block, x, k_l, v_l)
+        return x, (k_l, v_l)
+      scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0),
+                      transform_metadata={nnx.PARTITION_NAME: "layers"})
+      x, (new_k, new_v) = scan(x, model.layers, k_pages, v_pages)
+    else:
+      ks, vs = [], []
+      for i, block in enumerate(model.layers):
+        x, k_l, v_l = block_fn(block, x, k_pages[i], v_pages[i])
+        ks.append(k_l)
+        vs.append(v_l)
+      new_k, new_v = jnp.stack(ks), jnp.stack(vs)
+    h = model.final_norm(x)
+    if model.lm_head is None:
+      logits = jnp.einsum("btd,vd->btv", h, model.embed[...].astype(dt), preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum("btd,dv->btv", h, model.lm_head[...].astype(dt), preferred_element_type=jnp.float32)
+    return logits[:, 0], (new_k, new_v)
+
+
+@functools.lru_cache(maxsize=16)
+def _programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
+              block_size, row_tile) -> _Programs:
+  return _Programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
+                   block_size, row_tile)

@@ -1,0 +1,14 @@
+"""``jaxrl serve``: an OpenAI-compatible HTTP server over the sampler (or a generate-compatible engine).
+
+    app = serve.create_app(sampling.Sampler(model, tok, max_len=512), model_name="my-model")
+    with serve.ServerThread(app, port=0) as srv:     # or: jaxrl serve --model DIR --port 8000
+        openai.OpenAI(base_url=srv.url, api_key="none").chat.completions.create(...)
+
+See ``docs/rewards.md`` (section "jaxrl serve").
+"""
+
+from jaxrl.serve._app import ServerThread, create_app, render_chat
+from jaxrl.serve._batcher import Backend, Batcher, GenRequest, RowResult, row_request_id
+
+__all__ = ["Backend", "Batcher", "GenRequest", "RowResult", "ServerThread", "create_app", "render_chat",
+           "row_request_id"]

@@ -1,0 +1,346 @@
+"""The OpenAI-compatible HTTP API (FastAPI): ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
+
+Request fields follow OpenAI's: ``max_tokens`` (or ``max_completion_tokens``), ``temperature``, ``top_p``,
+``n``, ``stop``, ``seed``, ``stream``, ``logprobs`` (chat: a bool with ``top_logprobs: k``; completions:
+the int ``k``), plus ``top_k`` (vLLM's extension, sent by the ``openai`` client through ``extra_body``).
+Unknown fields are ignored; a bad value is a 400 naming the field. Returned log-probs are the sampler's:
+``log_softmax(logits / T)`` of the full distribution (``T = 1`` for greedy requests).
+
+Streaming sends one server-sent event per generated token and ``data: [DONE]``. With the batch sampler
+as backend the events are sent once the completion is generated; the event format is the same for a
+backend that produces tokens incrementally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from jaxrl.serve._batcher import Batcher, GenRequest, RowResult
+
+__all__ = ["ServerThread", "create_app", "render_chat"]
+
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "interrupted": "length"}
+
+
+class RequestError(ValueError):
+  def __init__(self, param: str, message: str):
+    super().__init__(f"{param}: {message}")
+    self.param = param
+
+
+def render_chat(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
+  """The prompt ids of a chat: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``."""
+  ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+  if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers >= 5 may return a BatchEncoding
+    ids = ids["input_ids"]
+  return [int(t) for t in ids]
+
+
+def _num(body: dict, key: str, default, kind, ok) -> Any:
+  value = body.get(key, default)
+  if value is None:
+    value = default
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+    raise RequestError(key, f"expected a number, got {value!r}")
+  value = kind(value)
+  if not ok(value):
+    raise RequestError(key, f"value {value!r} is out of range")
+  return value
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+  stop = body.get("stop")
+  if stop is None:
+    return ()
+  stop = [stop] if isinstance(stop, str) else stop
+  if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+    raise RequestError("stop", "expected a non-empty string or a list of up to 4 of them")
+  return tuple(stop)
+
+
+def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_len: int) -> GenRequest:
+  max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+  max_tokens = _num({"max_tokens": max_tokens}, "max_tokens", 16, int, lambda v: v >= 1)
+  seed = body.get("seed")
+  if seed is None:
+    seed = random.getrandbits(31)
+  for i, p in enumerate(prompts):
+    if len(p) >= max_len:
+      raise RequestError("prompt" if "prompt" in body else "messages",
+                         f"prompt {i} has {len(p)} tokens; the server's max_len is {max_len}")
+  return GenRequest(
+      prompts=prompts, n=_num(body, "n", 1, int, lambda v: 1 <= v <= 128), max_tokens=max_tokens,
+      temperature=_num(body, "temperature", 1.0, float, lambda v: 0 <= v <= 100),
+      top_p=_num(body, "top_p", 1.0, float, lambda v: 0 < v <= 1), top_k=max(_num(body, "top_k", 0, int, lambda v: v >= -1), 0),
+      seed=_num({"seed": seed}, "seed", 0, int, lambda v: True), stop=_stops(body), top_logprobs=top_logprobs)
+
+
+def _cut_stop(text: str, stop: tuple[str, ...]) -> str:
+  cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+  return text[:min(cuts)] if cuts else text
+
+
+class _Api:
+  def __init__(self, tokenizer, batcher: Batcher, model_name: str, max_len: int, max_top_logprobs: int):
+    self.tok, self.batcher, self.model_name, self.max_len = tokenizer, batcher, model_name, max_len
+    self.max_top_logprobs = max_top_logprobs
+    self.created = int(time.time())
+
+  def piece(self, tid: int) -> str:
+    return self.tok.decode([int(tid)], skip_special_tokens=False)
+
+  def text(self, row: RowResult, stop) -> str:
+    return _cut_stop(self.tok.decode(row.tokens, skip_special_tokens=True), stop)
+
+  async def generate(self, req: GenRequest) -> list[list[RowResult]]:
+    return await asyncio.wrap_future(self.batcher.submit(req))
+
+  def usage(self, req: GenRequest, rows: list[list[RowResult]]) -> dict:
+    prompt = sum(len(p) for p in req.prompts)
+    completion = sum(len(r.tokens) for per in rows for r in per)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+  # -- chat ----------------------------------------------------------------------------------------
+
+  def chat_request(self, body: dict) -> GenRequest:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+      raise RequestError("messages", "expected a non-empty list of {role, content} objects")
+    msgs = []
+    for m in messages:
+      content = m.get("content")
+      if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+      if not isinstance(content, str):
+        raise RequestError("messages", f"content of a {m['role']!r} message must be text")
+      msgs.append({"role": m["role"], "content": content})
+    k = 0
+    if body.get("logprobs"):
+      k = _num(body, "top_logprobs", 0, int, lambda v: 0 <= v <= self.max_top_logprobs)
+    elif body.get("top_logprobs"):
+      raise RequestError("top_logprobs", "needs logprobs: true")
+    return _gen_request(body, [render_chat(self.tok, msgs)], k, self.max_len)
+
+  def chat_logprobs(self, row: RowResult, k: int, sl=slice(None)) -> dict:
+    content = []
+    ids, lps = row.tokens[sl], row.logprobs[sl]
+    tops_i, tops_v = (row.top_ids[sl], row.top_logprobs[sl]) if k else ([[]] * len(ids), [[]] * len(ids))
+    for tid, lp, ti, tv in zip(ids, lps, tops_i, tops_v):
+      s = self.piece(tid)
+      content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
+                      "top_logprobs": [{"token": self.piece(a), "logprob": v, "bytes": list(self.piece(a).encode())}
+                                       for a, v in zip(ti, tv)]})
+    return {"content": content}
+
+  def chat_response(self, body: dict, req: GenRequest, rows: list[list[RowResult]]) -> dict:
+    want = bool(body.get("logprobs"))
+    choices = [{"index": j, "message": {"role": "assistant", "content": self.text(r, req.stop)},
+                "logprobs": self.chat_logprobs(r, req.top_logprobs) if want else None,
+                "finish_reason": _FINISH[r.finish_reason]} for j, r in enumerate(rows[0])]
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices, "usage": self.usage(req, rows)}
+
+  def chat_stream(self, body: dict, req: GenRequest, rows: list[list[RowResult]]) -> Iterator[str]:
+    cid, created, want = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), bool(body.get("logprobs"))
+
+    def chunk(choices, **extra):
+      return "data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "created": created,
+                                    "model": self.model_name, "choices": choices, **extra}) + "\n\n"
+
+    for j, r in enumerate(rows[0]):
+      yield chunk([{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+      sent = ""
+      for t in range(len(r.tokens)):
+        text = _cut_stop(self.tok.decode(r.tokens[:t + 1], skip_special_tokens=True), req.stop)
+        delta, sent = text[len(sent):], text
+        lp = self.chat_logprobs(r, req.top_logprobs, slice(t, t + 1)) if want else None
+        yield chunk([{"index": j, "delta": {"content": delta}, "logprobs": lp, "finish_reason": None}])
+      yield chunk([{"index": j, "delta": {}, "logprobs": None, "finish_reason": _FINISH[r.finish_reason]}])
+    if (body.get("stream_options") or {}).get("include_usage"):
+      yield chunk([], usage=self.usage(req, rows))
+    yield "data: [DONE]\n\n"
+
+  # -- completions ---------------------------------------------------------------------------------
+
+  def completion_request(self, body: dict) -> GenRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+      prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt:
+      raise RequestError("prompt", "expected a string, a list of strings, or token-id lists")
+    ids = []
+    for p in prompt:
+      if isinstance(p, str):
+        p = list(self.tok.encode(p, add_special_tokens=True))
+      if not isinstance(p, list) or not p or not all(isinstance(t, int) and t >= 0 for t in p):
+        raise RequestError("prompt", "each prompt must be non-empty text or token ids")
+      ids.append(p)
+    k = 0
+    if body.get("logprobs") is not None:
+      k = _num(body, "logprobs", 0, int, lambda v: 0 <= v <= self.max_top_logprobs)
+    if body.get("echo"):
+      raise RequestError("echo", "not supported")
+    return _gen_request(body, ids, k, self.max_len)
+
+  def completion_logprobs(self, row: RowResult, k: int, sl=slice(None)) -> dict:
+    tokens = [self.piece(t) for t in row.tokens[sl]]
+    offsets, pos = [], 0
+    for s in tokens:
+      offsets.append(pos)
+      pos += len(s)
+    top = [{self.piece(a): v for a, v in zip(ti, tv)} for ti, tv in zip(row.top_ids[sl], row.top_logprobs[sl])] \
+        if k else [None] * len(tokens)
+    return {"tokens": tokens, "token_logprobs": row.logprobs[sl], "top_logprobs": top, "text_offset": offsets}
+
+  def completion_choices(self, body, req, rows):
+    want = body.get("logprobs") is not None
+    out = []
+    for per in rows:
+      for r in per:
+        out.append((len(out), r, want))
+    return out
+
+  def completion_response(self, body: dict, req: GenRequest, rows: list[list[RowResult]]) -> dict:
+    choices = [{"index": i, "text": self.text(r, req.stop), "logprobs": self.completion_logprobs(r, req.top_logprobs)
+                if want else None, "finish_reason": _FINISH[r.finish_reason]}
+               for i, r, want in self.completion_choices(body, req, rows)]
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices, "usage": self.usage(req, rows)}
+
+  def completion_stream(self, body: dict, req: GenRequest, rows: list[list[RowResult]]) -> Iterator[str]:
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(choices, **extra):
+      return "data: " + json.dumps({"id": cid, "object": "text_completion", "created": created,
+                                    "model": self.model_name, "choices": choices, **extra}) + "\n\n"
+
+    for i, r, want in self.completion_choices(body, req, rows):
+      sent = ""
+      for t in range(len(r.tokens)):
+        text = _cut_stop(self.tok.decode(r.tokens[:t + 1], skip_special_tokens=True), req.stop)
+        delta, sent = text[len(sent):], text
+        lp = self.completion_logprobs(r, req.top_logprobs, slice(t, t + 1)) if want else None
+        yield chunk([{"index": i, "text": delta, "logprobs": lp, "finish_reason": None}])
+      yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": _FINISH[r.finish_reason]}])
+    if (body.get("stream_options") or {}).get("include_usage"):
+      yield chunk([], usage=self.usage(req, rows))
+    yield "data: [DONE]\n\n"
+
+
+def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_rows: int = 64,
+               batch_wait_s: float = 0.01, max_top_logprobs: int = 20):
+  """The FastAPI app serving ``backend`` (a :class:`jaxrl.sampling.Sampler` or a generate-compatible engine).
+
+  Args:
+    backend: has ``generate(...)`` like :meth:`jaxrl.sampling.Sampler.generate` and ``max_len``.
+    tokenizer: a transformers tokenizer with a chat template (default ``backend.tokenizer``).
+    model_name: the id listed by ``/v1/models`` (requests may name any model; it is echoed back).
+    max_batch_rows, batch_wait_s: see :class:`jaxrl.serve.Batcher`.
+    max_top_logprobs: most ``top_logprobs`` a request may ask for (OpenAI's limit is 20; up to the
+      vocabulary size lets a judge read the probability of every score token).
+
+  The app's ``state.batcher`` is the batching queue (``batch_sizes`` records each ``generate`` call).
+  """
+  tokenizer = tokenizer if tokenizer is not None else backend.tokenizer
+  if tokenizer is None:
+    raise ValueError("create_app: the backend has no tokenizer; pass tokenizer=")
+  batcher = Batcher(backend, max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
+  api = _Api(tokenizer, batcher, model_name, backend.max_len, max_top_logprobs)
+  @contextlib.asynccontextmanager
+  async def lifespan(_app):
+    yield
+    batcher.close()
+
+  app = FastAPI(title="jaxrl serve", lifespan=lifespan)
+  app.state.batcher = batcher
+
+  def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+
+  async def handle(request: Request, make, respond, stream):
+    try:
+      body = await request.json()
+    except ValueError:
+      return error(400, "the request body is not JSON")
+    if not isinstance(body, dict):
+      return error(400, "the request body must be a JSON object")
+    try:
+      req = make(body)
+    except RequestError as e:
+      return error(400, str(e), e.param)
+    try:
+      rows = await api.generate(req)
+    except ValueError as e:
+      return error(400, str(e))
+    if body.get("stream"):
+      return StreamingResponse(stream(body, req, rows), media_type="text/event-stream")
+    return JSONResponse(respond(body, req, rows))
+
+  @app.post("/v1/chat/completions")
+  async def chat_completions(request: Request):
+    return await handle(request, api.chat_request, api.chat_response, api.chat_stream)
+
+  @app.post("/v1/completions")
+  async def completions(request: Request):
+    return await handle(request, api.completion_request, api.completion_response, api.completion_stream)
+
+  @app.get("/v1/models")
+  async def list_models():
+    return {"object": "list", "data": [{"id": model_name, "object": "model", "created": api.created,
+                                        "owned_by": "jaxrl", "max_model_len": backend.max_len}]}
+
+  @app.get("/health")
+  async def health():
+    return {"status": "ok"}
+
+  return app
+
+
+class ServerThread:
+  """Runs an ASGI app with uvicorn on a background thread (tests, and RL runs that start their own judge).
+
+  ``port=0`` picks a free port; :attr:`url` is ``http://host:port/v1`` once :meth:`start` returns.
+  """
+
+  def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    import uvicorn
+    self.host = host
+    self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+    self.thread = threading.Thread(target=self.server.run, name="jaxrl-serve", daemon=True)
+    self.port: int | None = None
+
+  @property
+  def url(self) -> str:
+    return f"http://{self.host}:{self.port}/v1"
+
+  def start(self, timeout_s: float = 60.0) -> ServerThread:
+    self.thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not self.server.started:
+      if not self.thread.is_alive() or time.monotonic() > deadline:
+        raise RuntimeError(f"jaxrl serve: the server on {self.host} did not start within {timeout_s} s")
+      time.sleep(0.02)
+    self.port = self.server.servers[0].sockets[0].getsockname()[1]
+    return self
+
+  def stop(self) -> None:
+    self.server.should_exit = True
+    self.thread.join(timeout=30)
+
+  def __enter__(self) -> ServerThread:
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.stop()

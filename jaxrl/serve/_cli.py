@@ -1,0 +1,53 @@
+"""``jaxrl serve --model DIR``: load a local HF checkpoint and serve it over the OpenAI API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="jaxrl serve", description="OpenAI-compatible server for a local HF checkpoint")
+  p.add_argument("--model", required=True, help="Hugging Face model directory (config.json + safetensors)")
+  p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
+  p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+  p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+  p.add_argument("--served-model-name", default=None, help="id in /v1/models (default: the directory name)")
+  p.add_argument("--max-len", type=int, default=2048, help="most tokens per row (prompt + completion)")
+  p.add_argument("--max-batch-rows", type=int, default=64, help="most rows (prompts x n) per generate call")
+  p.add_argument("--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with")
+  p.add_argument("--max-top-logprobs", type=int, default=20,
+                 help="most top_logprobs per request (OpenAI: 20; the vocabulary size lets judges read every score token)")
+  p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
+  return p
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Entry point of ``jaxrl serve``; returns the exit status."""
+  args = build_parser().parse_args(argv)
+  from pathlib import Path
+
+  from jaxrl import models, sampling
+  from jaxrl.serve._app import ServerThread, create_app
+
+  try:
+    tokenizer = models.load_tokenizer(args.tokenizer or args.model)
+    model = models.load_pretrained(args.model, dtype=args.dtype)
+    sampler = sampling.Sampler(model, tokenizer, max_len=args.max_len)
+    app = create_app(sampler, model_name=args.served_model_name or Path(args.model).resolve().name,
+                     max_batch_rows=args.max_batch_rows, batch_wait_s=args.batch_wait_ms / 1000,
+                     max_top_logprobs=args.max_top_logprobs)
+  except (FileNotFoundError, ValueError, KeyError) as e:
+    print(f"jaxrl serve: error: {e}", file=sys.stderr)
+    return 2
+  srv = ServerThread(app, host=args.host, port=args.port, log_level="info").start()
+  print(f"jaxrl serve: {args.model} at {srv.url} (Ctrl-C stops)", flush=True)
+  try:
+    srv.thread.join()
+  except KeyboardInterrupt:
+    srv.stop()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,165 @@
+"""``jaxrl rl`` and ``jaxrl sft`` on two local processes × 4 CPU devices equal one process × 8 devices.
+
+Each test starts the processes itself (free port, a timeout on every subprocess). Covered: parameters
+and logged metrics after 3 steps, checkpoints written by 2 processes resumed by 1 and the other way
+round, prompt accounting across processes, and a killed process stopping the survivor with a message
+that names it. Fresh compilations dominate the runtime; they go to JAX's persistent cache.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("trainer_worker.py")
+TIMEOUT = 1200  # seconds for any one run (compilation on a loaded 2-core machine dominates)
+HEARTBEAT = 5  # JAXRL_HEARTBEAT_TIMEOUT of the kill test, in seconds
+
+RL = ["steps=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8",
+      "data.builtin.n_train=8", "data.builtin.n_heldout=8", "micro_batch.token_budget=384", "micro_batch.row_len=48",
+      "reward.fn=rl_testlib:digit_fraction", "eval.every=3", "eval.prompts=5", "export_hf=true",
+      "tensorboard=false", "checkpoint.every=1", "rollout.engine=null"]
+"""configs/grpo_tiny.yaml shortened: 8 prompts (the prompt stream starts its second epoch at step 3), a dense
+reward (a random policy gets non-zero advantages), 5 held-out prompts (an uneven split over 2 processes), and
+jaxrl.sampling.Sampler (the continuous-batching engine is single-process so far)."""
+SFT = ["steps=3", "data.builtin.n_train=64", "data.builtin.n_heldout=8", "packing.seq_len=64", "packing.global_rows=8",
+       "packing.buffer_size=16", "eval.every=3", "eval.batches=1", "eval.exact_match=3", "eval.max_new_tokens=4",
+       "checkpoint.every=1", "export_hf=true", "tensorboard=false"]
+NOT_COMPARED = ("time_", "tok_s/", "tok/s", "mfu", "train/micro_batches", "train/pack_efficiency", "padding")
+"""Metrics that legitimately differ: wall time, and the packing layout (each process packs its own rows)."""
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "rl"), str(ROOT), env.get("PYTHONPATH", "")])
+  env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache")
+  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+  env.update(extra)
+  return env
+
+
+def _start(kind, processes, out_dir, overrides, *, until=0, **env):
+  port, local = _free_port(), 8 // processes
+  config = str(ROOT / "configs" / f"{'grpo' if kind == 'rl' else 'sft'}_tiny.yaml")
+  return [subprocess.Popen([sys.executable, str(WORKER), kind, str(processes), str(i), str(local), str(port),
+                            str(until), config, *overrides, f"out_dir={out_dir}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env), cwd=ROOT)
+          for i in range(processes)]
+
+
+def _run(kind, processes, out_dir, overrides=(), *, until=0) -> list[dict]:
+  procs = _start(kind, processes, out_dir, [*(RL if kind == "rl" else SFT), *overrides], until=until)
+  outs = []
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=TIMEOUT)
+      assert p.returncode == 0, f"process failed (exit {p.returncode}):\n{err[-4000:]}"
+      outs.append(json.loads(out.strip().splitlines()[-1]))
+  finally:
+    for p in procs:
+      p.kill()
+  return outs
+
+
+def _weights(out_dir) -> dict[str, np.ndarray]:
+  files = sorted((Path(out_dir) / "hf").glob("*.safetensors"))
+  assert files, f"no exported weights in {out_dir}/hf"
+  return {k: v for f in files for k, v in load_file(str(f)).items()}
+
+
+def _metrics(out_dir) -> dict[int, dict[str, float]]:
+  rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+  merged: dict[int, dict[str, float]] = {}
+  for r in rows:
+    merged.setdefault(r.pop("step"), {}).update(r)
+  return merged
+
+
+def _assert_same_weights(got_dir, want_dir):
+  got, want = _weights(got_dir), _weights(want_dir)
+  assert got.keys() == want.keys()
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def _assert_same_metrics(got_dir, want_dir):
+  got, want = _metrics(got_dir), _metrics(want_dir)
+  assert got.keys() == want.keys()
+  for step in want:
+    keys = sorted(k for k in want[step] if not k.startswith(NOT_COMPARED))
+    assert keys == sorted(k for k in got[step] if not k.startswith(NOT_COMPARED)), step
+    for k in keys:
+      np.testing.assert_allclose(got[step][k], want[step][k], rtol=1e-4, atol=1e-6, err_msg=f"step {step}: {k}")
+
+
+@pytest.fixture(scope="module")
+def rl_single(tmp_path_factory):
+  out = tmp_path_factory.mktemp("rl_single")
+  return out, _run("rl", 1, out)
+
+
+def test_rl_two_processes_train_like_one(rl_single, tmp_path):
+  single_dir, (single,) = rl_single
+  pair = _run("rl", 2, tmp_path)
+  assert all(r["processes"] == 2 and r["devices"] == 8 for r in pair)
+  _assert_same_weights(tmp_path, single_dir)
+  _assert_same_metrics(tmp_path, single_dir)
+  # Every prompt of every round is generated exactly once, by exactly one process: the same prompts as
+  # one process draws, split into equal contiguous shares.
+  for k, want in enumerate(single["rounds"]):
+    shares = [r["rounds"][k] for r in pair]
+    assert [len(s) for s in shares] == [len(want) // 2] * 2
+    assert shares[0] + shares[1] == want, (k, shares, want)
+
+
+def test_rl_checkpoints_move_between_process_counts(rl_single, tmp_path):
+  single_dir, _ = rl_single
+  _run("rl", 2, tmp_path, until=1)  # 2 processes write step 1
+  _run("rl", 1, tmp_path, until=2)  # 1 process resumes it, writes step 2 (the prompt stream's epoch boundary)
+  _run("rl", 2, tmp_path)  # 2 processes resume that and finish
+  _assert_same_weights(tmp_path, single_dir)
+
+
+def test_sft_two_processes_train_like_one(tmp_path):
+  _run("sft", 1, tmp_path / "single")
+  pair = _run("sft", 2, tmp_path / "pair")
+  assert all(r["processes"] == 2 for r in pair)
+  _assert_same_weights(tmp_path / "pair", tmp_path / "single")
+  _assert_same_metrics(tmp_path / "pair", tmp_path / "single")
+
+
+def test_killing_one_process_stops_the_other_naming_it(tmp_path):
+  procs = _start("rl", 2, tmp_path, [*RL, "steps=50", "eval.every=0"], JAXRL_HEARTBEAT_TIMEOUT=str(HEARTBEAT))
+  try:
+    marker = tmp_path / "processes" / "1" / "metrics.jsonl"  # process 1 has finished a step
+    deadline = time.monotonic() + TIMEOUT
+    while not (marker.exists() and marker.read_text().strip()):
+      assert time.monotonic() < deadline and procs[1].poll() is None, procs[1].communicate()[1][-3000:]
+      time.sleep(0.2)
+    procs[1].send_signal(signal.SIGKILL)
+    # The survivor must exit within a few heartbeat timeouts, not hang in a collective.
+    _, err = procs[0].communicate(timeout=6 * HEARTBEAT)
+    assert procs[0].returncode not in (0, None)
+    assert "lost process 1" in err, err[-3000:]
+  finally:
+    for p in procs:
+      p.kill()
+      p.communicate()
