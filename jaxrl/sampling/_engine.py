@@ -232,14 +232,8 @@ class Engine:
     self.block_size = block_size
     self.steps_per_call = steps_per_call
     self.prefill_rows = prefill_rows
-    if eos_token_ids is None:
-      eos = getattr(tokenizer, "eos_token_id", None)
-      eos_token_ids = [] if eos is None else [eos]
-    self.eos_token_ids = tuple(self._check_token(t, "eos_token_ids") for t in eos_token_ids)
-    if pad_token_id is None:
-      pad_token_id = getattr(tokenizer, "pad_token_id", None)
-      pad_token_id = 0 if pad_token_id is None else pad_token_id
-    self.pad_token_id = int(pad_token_id)
+    self.eos_token_ids, self.pad_token_id = _s.special_tokens(tokenizer, eos_token_ids, pad_token_id,
+                                                              self._check_token)
     self.unstack_layers = jax.default_backend() == "cpu" if unstack_layers is None else bool(unstack_layers)
     self.paged_impl = paged_impl or _PAGED_IMPL.get(self.cfg.attention_impl, "auto")
     if self.paged_impl not in kernels.PAGED_IMPLS:

@@ -121,6 +121,17 @@ class _Stops(NamedTuple):
   kind: jax.Array  # [M] int32: 1 eos, 2 stop, 0 dummy
 
 
+def special_tokens(tokenizer, eos_token_ids, pad_token_id, check) -> tuple[tuple[int, ...], int]:
+  """``(eos ids, pad id)`` from the arguments, defaulting to the tokenizer's (no eos, pad 0 without one);
+  ``check(token, key)`` turns each eos entry (an id or a token string) into a validated id."""
+  if eos_token_ids is None:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    eos_token_ids = [] if eos is None else [eos]
+  if pad_token_id is None:
+    pad_token_id = getattr(tokenizer, "pad_token_id", None)
+  return tuple(check(t, "eos_token_ids") for t in eos_token_ids), int(0 if pad_token_id is None else pad_token_id)
+
+
 @dataclasses.dataclass
 class SamplerState:
   """A paused generation: every row's tokens, log-probs, versions, finish flags, keys and KV cache.
@@ -211,14 +222,8 @@ class Sampler:
     self.decode_impl = decode_impl
     self.add_special_tokens = add_special_tokens
     self.cache_dtype = jnp.dtype(cache_dtype or self.cfg.dtype)
-    if eos_token_ids is None:
-      eos = getattr(tokenizer, "eos_token_id", None)
-      eos_token_ids = [] if eos is None else [eos]
-    self.eos_token_ids = tuple(self._check_token(t, "eos_token_ids") for t in eos_token_ids)
-    if pad_token_id is None:
-      pad_token_id = getattr(tokenizer, "pad_token_id", None)
-      pad_token_id = 0 if pad_token_id is None else pad_token_id
-    self.pad_token_id = int(pad_token_id)
+    self.eos_token_ids, self.pad_token_id = special_tokens(tokenizer, eos_token_ids, pad_token_id,
+                                                           self._check_token)
     if unstack_layers is None:
       unstack_layers = jax.default_backend() == "cpu"
     self.unstack_layers = bool(unstack_layers)
