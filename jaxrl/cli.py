@@ -67,6 +67,13 @@ def cmd_rl(ns: argparse.Namespace) -> int:
   return main_rl(ns.rest)
 
 
+@command("rubric-arm", "Rubric-ARM: alternating GRPO of a rubric generator and a judge on preference pairs")
+@arg("rest", nargs=argparse.REMAINDER, help="--config FILE [key=value ...]")
+def cmd_rubric_arm(ns: argparse.Namespace) -> int:
+  from jaxrl.rl._rubric_arm import main as rubric_arm_main
+  return rubric_arm_main(ns.rest)
+
+
 @command("sample", "generate completions from an HF directory with the KV-cache sampler")
 @arg("rest", nargs=argparse.REMAINDER, help="--model DIR --prompt TEXT [--n N] [--logprobs] ...")
 def cmd_sample(ns: argparse.Namespace) -> int:
@@ -102,6 +109,7 @@ BENCHES = {
     "lora": "jaxrl.bench.lora",
     "precision": "jaxrl.bench.precision",
     "rl": "jaxrl.bench.rl",
+    "rl-async": "jaxrl.bench.rl_async",
     "judge": "jaxrl.bench.judge",
 }
 
@@ -136,6 +144,7 @@ def _pass(name: str, module: str, attr: str):
 
 PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {}
 _pass("rl", "jaxrl.rl._cli", "main_rl")
+_pass("rubric-arm", "jaxrl.rl._rubric_arm", "main")
 _pass("sample", "jaxrl.sampling._cli", "main")
 _pass("quickstart", "jaxrl.quickstart", "main")
 _pass("plan", "jaxrl.plan", "main")
@@ -153,6 +162,9 @@ def _user_error(e: BaseException) -> str | None:
     return "data error"
   if isinstance(e, FileNotFoundError):
     return "error"
+  from jaxrl.train import CheckpointError, NonFiniteError
+  if isinstance(e, (CheckpointError, NonFiniteError)):  # no usable checkpoint; too many non-finite updates
+    return "error"
   return None
 
 
@@ -162,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return _main(argv)
   except Exception as e:  # noqa: BLE001  (re-raised unless it is the user's mistake)
+    from jaxrl.train._preempt import Preempted
+    if isinstance(e, Preempted):  # SIGTERM/SIGINT: final checkpoint written; 128 + signal (docs/reliability.md)
+      print(f"jaxrl {argv[0] if argv else ''}: {e}", file=sys.stderr)
+      return e.exit_code
     kind = _user_error(e)
     if kind is None:
       raise

@@ -1,10 +1,12 @@
-"""``jaxrl bench rl``: one GRPO step of jaxrl's ``RLTrainer`` against TRL's ``GRPOTrainer``, side by side.
+"""``jaxrl bench rl``: one GRPO step of jaxrl's ``RLTrainer`` against TRL's ``GRPOTrainer`` and Tunix's
+``GRPOLearner``, side by side.
 
 The workload (issue 20): one tiny Qwen2 HF directory (vocab 4096, d 128, 4 layers, float32) and one
 word-level tokenizer, written once and loaded by every framework; 8 prompts × 8 samples, 32 prompt
 tokens + exactly 64 new tokens (the tokenizer's EOS is never emitted: jaxrl's sampler is given no
-EOS id, TRL gets ``min_new_tokens``), temperature 1, one PPO-clip update over the whole batch,
-token-mean loss, no KL, AdamW. The reward is a cheap text function, the same in every framework.
+EOS id, TRL gets ``min_new_tokens``, Tunix's sampler the EOS list ``[-1]``), temperature 1, one
+PPO-clip update over the whole batch, token-mean loss, no KL, AdamW. The reward is a cheap text
+function, the same in every framework.
 
 Each framework runs in its own process (peers in their own virtualenvs, see ``--setup``) and
 speaks a small JSON-lines protocol on stdin/stdout: ``{"cmd": "setup", ...}`` → ``{"ok": true}``,
@@ -39,6 +41,10 @@ PEERS = {
     # name: (worker file next to this module, pinned requirements of its virtualenv)
     "trl": ("_rl_trl.py", ["torch==2.13.0", "trl==1.16.0", "transformers==5.24.0", "accelerate==1.16.0",
                            "datasets==5.2.0"]),
+    # The Tunix pins are the versions its 0.1.7 resolves to next to jaxrl's own jax/flax.
+    "tunix": ("_rl_tunix.py", ["google-tunix==0.1.7", "jax==0.10.2", "jaxlib==0.10.2", "flax==0.12.8",
+                               "optax==0.2.8", "qwix==0.1.8", "transformers==5.12.1", "safetensors==0.7.0",
+                               "numpy==2.4.6"]),
 }
 VENV_ROOT_ENV = "JAXRL_BENCH_VENVS"
 
@@ -59,7 +65,9 @@ def setup_peer(name: str) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
   pip = [str(root / "bin" / "python"), "-m", "pip", "install", "-q"]
   reqs = PEERS[name][1]
-  subprocess.run(pip + [r for r in reqs if r.startswith("torch==")], check=True)  # the CPU build first
+  torch = [r for r in reqs if r.startswith("torch==")]
+  if torch:
+    subprocess.run(pip + torch, check=True)  # the CPU build first
   subprocess.run(pip + reqs, check=True)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxrl.kernels._reference import MASK_VALUE, pair  # noqa: F401  (pair: re-exported)
 
@@ -15,6 +16,16 @@ LN2 = 0.6931471805599453
 # Log-sum-exp stored for a query that sees no key: exp(s - EMPTY_LSE) is 0 for any finite logit,
 # and EMPTY_LSE · log2(e) still fits in float32.
 EMPTY_LSE = -0.25 * MASK_VALUE
+
+
+def dot_f32(a, b, dims):
+  """``a·b`` accumulated in float32 inside a kernel, with the precision stated so that a global
+  ``jax_default_matmul_precision`` cannot change it: Mosaic refuses an fp32-precision dot on bf16
+  operands ("Bad lhs type"). Narrow operands multiply exactly into the float32 accumulator at
+  ``DEFAULT``; float32 operands keep full precision with ``HIGHEST``."""
+  wide = jnp.float32 in (a.dtype, b.dtype)
+  precision = lax.Precision.HIGHEST if wide else lax.Precision.DEFAULT
+  return lax.dot_general(a, b, dims, precision=(precision, precision), preferred_element_type=jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

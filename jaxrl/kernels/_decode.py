@@ -17,15 +17,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl.kernels._common import LN2, LOG2E, next_pow2, pad_axis, round_up
+from jaxrl.kernels._common import LN2, LOG2E, dot_f32, next_pow2, pad_axis, round_up
 from jaxrl.kernels._reference import MASK_VALUE
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
 
 
-def _dot(a, b, dims):
-  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+_dot = dot_f32  # precision stated (Mosaic refuses an fp32-precision dot on bf16 under "highest")
 
 
 def _check(q, k_cache, v_cache, lengths):

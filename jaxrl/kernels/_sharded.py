@@ -99,8 +99,10 @@ def sharded_attention(
     heads = ()  # query heads do not divide: every device keeps them all
   elif heads and kh % size:
     k, v = (jnp.repeat(x, n // kh, axis=2) for x in (k, v))  # kv heads -> one per query head
-  if not rows and not heads:
+  if not rows and not heads and math.prod(mesh.shape.values()) == 1:
     return attention(q, k, v, segment_ids=(q_seg, kv_seg), positions=(q_pos, kv_pos), **kwargs)
+  # Rows no batch axis divides (4 prefill rows on 32 chips) still go through shard_map, whole on every
+  # device: a Pallas kernel cannot be left to the partitioner.
   r, hd = _spec_entry(rows), _spec_entry(heads)
   x_spec = PartitionSpec(r, None, hd, None)
   ids_spec = PartitionSpec(r, None)

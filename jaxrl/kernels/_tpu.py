@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jaxrl.kernels import _blocks
-from jaxrl.kernels._common import EMPTY_LSE, BlockSizes, Config, next_pow2, visible
+from jaxrl.kernels._common import EMPTY_LSE, BlockSizes, Config, dot_f32, next_pow2, visible
 from jaxrl.kernels._reference import MASK_VALUE
 
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
@@ -36,8 +36,7 @@ _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 _NN = (((1,), (0,)), ((), ()))  # a @ b
 
 
-def _dot(a, b, dims):
-  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+_dot = dot_f32  # precision stated: see _common.dot_f32
 
 
 def default_interpret():

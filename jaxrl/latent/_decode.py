@@ -5,7 +5,8 @@ rows, :func:`jaxrl.latent.make_rows`), prefilled, then ``N`` continuous thoughts
 as input embeddings (each the final normed hidden state of the previous position), then ``<eot>``
 and ordinary greedy token decoding until the end-of-turn token or ``max_new_tokens``. The thought
 count is fixed (Coconut, Hao et al. 2024, §3 "Inference Process", option b: pad the latent thoughts
-to a constant length).
+to a constant length) or decided per row by the ``<eot>`` classifier head (option a, with the fixed
+count as the maximum).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import numpy as np
 from flax import nnx
 
 from jaxrl import models
+from jaxrl.latent._eot import eot_logits
 
 
 class LatentOutput(NamedTuple):
   tokens: np.ndarray  # [B, G] int32, pad after the end
   lengths: np.ndarray  # [B] int32: generated language tokens, end-of-turn included
-  thoughts: np.ndarray  # [B, N, D] float32: the continuous thoughts fed back
+  thoughts: np.ndarray  # [B, N, D] float32: the continuous thoughts fed back (0 after a row stopped)
+  n_thoughts: np.ndarray  # [B] int32: thoughts each row took (N without a classifier)
 
 
 def left_pad(prompts: Sequence[np.ndarray], pad_id: int) -> dict[str, np.ndarray]:
@@ -42,28 +45,35 @@ def left_pad(prompts: Sequence[np.ndarray], pad_id: int) -> dict[str, np.ndarray
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "thoughts", "eot", "eos", "pad", "max_new_tokens"))
-def _decode(graphdef, state, tokens, positions, segment_ids, *, thoughts: int, eot: int | None, eos: int,
+def _decode(graphdef, state, head, tokens, positions, segment_ids, *, thoughts: int, eot: int | None, eos: int,
             pad: int, max_new_tokens: int):
   model = nnx.merge(graphdef, state)
   b, p = tokens.shape
   n, g = thoughts, max_new_tokens
   cache = models.KVCache.init(model.cfg, b, p + n + 1 + g)
-  ones = jnp.ones((b, 1), jnp.int32)
   last_pos = positions[:, -1]  # [B]
   h, cache = model(tokens, positions=positions, segment_ids=segment_ids, cache=cache,
                    cache_start=jnp.zeros((b,), jnp.int32), return_hidden=True)
   prev = h[:, -1]  # [B, D]
 
   def think(carry, j):
-    cache, prev, state = carry  # the weights ride in the carry: NNX variables cannot be closed over
+    # Thought j goes to cache slot p + j. A row that has stopped (the head fired) writes an invisible
+    # slot (segment 0) instead, so rows end up with different thought counts in one fixed-shape loop.
+    cache, prev, count, thinking, state = carry  # the weights ride in the carry: NNX variables cannot be closed over
+    if head is not None:
+      thinking = thinking & ~(eot_logits(head, prev) > 0)
     h, cache = nnx.merge(graphdef, state)(
-        jnp.zeros((b, 1), jnp.int32), positions=(last_pos + 1 + j)[:, None], segment_ids=ones, cache=cache,
-        cache_start=jnp.full((b,), p + j, jnp.int32), return_hidden=True, embeds=prev[:, None],
-        embeds_mask=jnp.ones((b, 1), bool))
-    return (cache, h[:, 0], state), prev
+        jnp.zeros((b, 1), jnp.int32), positions=(last_pos + 1 + count)[:, None],
+        segment_ids=thinking.astype(jnp.int32)[:, None], cache=cache, cache_start=jnp.full((b,), p + j, jnp.int32),
+        return_hidden=True, embeds=prev[:, None], embeds_mask=jnp.ones((b, 1), bool))
+    fed = jnp.where(thinking[:, None], prev, 0)
+    prev = jnp.where(thinking[:, None], h[:, 0], prev)
+    return (cache, prev, count + thinking.astype(jnp.int32), thinking, state), fed
 
-  (cache, prev, _), thought_inputs = jax.lax.scan(think, (cache, prev, state), jnp.arange(n))
-  slot, pos = p + n, last_pos + 1 + n
+  init = (cache, prev, jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool), state)
+  (cache, prev, count, _, _), thought_inputs = jax.lax.scan(think, init, jnp.arange(n))
+  ones = jnp.ones((b, 1), jnp.int32)
+  slot, pos = p + n, last_pos + 1 + count
   unembed = model.unembed_matrix()
   if eot is None:  # no markers: the last prompt (or thought) position predicts the first token
     first = jnp.argmax(jnp.einsum("bd,dv->bv", prev, unembed.astype(prev.dtype),
@@ -87,24 +97,29 @@ def _decode(graphdef, state, tokens, positions, segment_ids, *, thoughts: int, e
   _, _, out, done, _ = jax.lax.fori_loop(0, g, body, (cache, first, out, jnp.zeros((b,), bool), state))
   is_eos = out == eos
   lengths = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, g)
-  return out, lengths, jnp.swapaxes(thought_inputs, 0, 1).astype(jnp.float32)
+  return out, lengths, jnp.swapaxes(thought_inputs, 0, 1).astype(jnp.float32), count
 
 
 def latent_generate(model, prompts: Sequence[np.ndarray], *, thoughts: int, eot: int | None, eos: int, pad: int,
-                    max_new_tokens: int) -> LatentOutput:
-  """Greedy completions after ``thoughts`` continuous thoughts (``eot=None``: no ``<eot>`` is fed).
+                    max_new_tokens: int, eot_head=None) -> LatentOutput:
+  """Greedy completions after continuous thoughts (``eot=None``: no ``<eot>`` is fed).
 
   Args:
     model: a :class:`jaxrl.models.Transformer`.
     prompts: token ids per row, ending with ``<bot>`` in latent mode (:func:`jaxrl.latent.prompt_ids`).
-    thoughts: ``N`` continuous thoughts per row (0: plain greedy decoding).
+    thoughts: ``N`` continuous thoughts per row (0: plain greedy decoding); with ``eot_head`` the most
+      a row may think.
     eot: id of ``<eot>``, fed after the thoughts; None when the model was trained without markers.
     eos: end-of-turn id (generation stops after it).
     pad: id written after the end.
     max_new_tokens: language tokens to generate at most.
+    eot_head: the ``<eot>`` classifier (:func:`jaxrl.latent.init_eot_head`): before each thought a
+      row stops thinking when the head's logit on its last hidden state (``<bot>``'s, then each
+      thought's) is positive. None: exactly ``thoughts`` thoughts.
   """
   rows = left_pad(prompts, pad)
   graphdef, state = nnx.split(model)
-  out, lengths, th = _decode(graphdef, state, rows["tokens"], rows["positions"], rows["segment_ids"],
-                             thoughts=thoughts, eot=eot, eos=eos, pad=pad, max_new_tokens=max_new_tokens)
-  return LatentOutput(tokens=np.asarray(out), lengths=np.asarray(lengths), thoughts=np.asarray(th))
+  out, lengths, th, count = _decode(graphdef, state, eot_head, rows["tokens"], rows["positions"], rows["segment_ids"],
+                                    thoughts=thoughts, eot=eot, eos=eos, pad=pad, max_new_tokens=max_new_tokens)
+  return LatentOutput(tokens=np.asarray(out), lengths=np.asarray(lengths), thoughts=np.asarray(th),
+                      n_thoughts=np.asarray(count))

@@ -71,3 +71,73 @@ def latent_hidden(
   (cache, prev, _), mid = jax.lax.scan(step, (cache, h0[:, -1], state), jnp.arange(p, p + n - 1))  # [N-1, B, D]
   last, _ = run(model, cache, p + n - 1, t - (p + n - 1), prev)  # [B, T - P - N + 1, D]
   return jnp.concatenate([h0, jnp.swapaxes(mid, 0, 1).astype(h0.dtype), last], axis=1)
+
+
+PACKED_KEYS = ("first_idx", "mid_idx", "last_idx", "bot_slot", "last_thought_slot", "order")
+"""Index arrays of packed rows (:func:`jaxrl.latent.pack_rows`) that :func:`packed_latent_hidden` reads."""
+
+
+def packed_latent_hidden(model, batch, *, thoughts: int, examples: int) -> jax.Array:  # [B, T, D]
+  """Final hidden states of packed rows (several examples per row, each its own segment).
+
+  The ``N + 1`` passes of :func:`latent_hidden`, each over the columns the row lists for it
+  (:func:`jaxrl.latent.pack_rows`): pass 0 gathers every example's prompt up to ``<bot>``; thought
+  pass ``m`` (``1 .. N-1``) one thought per example slot, fed the hidden state the same slot produced
+  in the pass before (``<bot>``'s after pass 0); the final pass every example's last thought (fed
+  likewise) and its suffix. The passes write their keys/values into one :class:`KVCache` in
+  processing order; attention masks by segment and position, not by slot, so the order is free.
+  Pass widths are the row's static budgets; unused slots carry segment 0 and stay invisible.
+
+  Args:
+    model: a :class:`jaxrl.models.Transformer`.
+    batch: ``tokens``, ``positions``, ``segment_ids`` ``[B, T]`` (natural packed order) and the index
+      arrays :data:`PACKED_KEYS`.
+    thoughts: ``N``, static (0: one plain packed pass).
+    examples: ``E``, example slots per row, static.
+
+  Returns:
+    ``[B, T, D]`` hidden states in natural column order, compute dtype.
+  """
+  tokens, positions, segment_ids = batch["tokens"], batch["positions"], batch["segment_ids"]
+  if thoughts == 0:
+    return model(tokens, positions=positions, segment_ids=segment_ids, return_hidden=True)
+  b, t = tokens.shape
+  n, e = thoughts, examples
+  d = model.cfg.hidden_size
+  first, mid, last = batch["first_idx"], batch["mid_idx"], batch["last_idx"]
+  if mid.shape[1] != (n - 1) * e or first.shape[1] + mid.shape[1] + last.shape[1] != t:
+    raise ValueError(f"packed index widths {first.shape[1]}/{mid.shape[1]}/{last.shape[1]} do not fit T={t}, "
+                     f"thoughts={n}, examples={e}")
+  take = lambda x, idx: jnp.take_along_axis(x, jnp.maximum(idx, 0), axis=1)
+  cache = models.KVCache.init(model.cfg, b, t)
+  graphdef, state = nnx.split(model)
+
+  def run(model, cache, idx, start, embeds=None, mask=None):  # idx [B, W] natural columns, -1 = unused
+    seg = jnp.where(idx >= 0, take(segment_ids, idx), 0)
+    kwargs = {} if embeds is None else dict(embeds=embeds, embeds_mask=mask)
+    return model(take(tokens, idx), positions=take(positions, idx), segment_ids=seg, cache=cache,
+                 cache_start=jnp.full((b,), start, jnp.int32), return_hidden=True, **kwargs)
+
+  h0, cache = run(model, cache, first, 0)  # [B, W0, D]
+  prev = jnp.take_along_axis(h0, batch["bot_slot"][..., None], axis=1)  # [B, E, D]: each example's <bot>
+
+  def step(carry, m):
+    cache, prev, state = carry  # the weights ride in the carry: NNX variables cannot be closed over
+    idx = jax.lax.dynamic_slice_in_dim(mid, m * e, e, axis=1)  # [B, E]
+    active = idx >= 0
+    h, cache = run(nnx.merge(graphdef, state), cache, idx, first.shape[1] + m * e, prev, active)
+    return (cache, jnp.where(active[..., None], h, prev), state), h
+
+  if n > 1:
+    (cache, prev, _), hm = jax.lax.scan(step, (cache, prev, state), jnp.arange(n - 1))  # hm [N-1, B, E, D]
+  else:
+    hm = jnp.zeros((0, b, e, d), h0.dtype)
+  slot = batch["last_thought_slot"]  # [B, E]
+  w_last = last.shape[1]
+  rows = jnp.arange(b)[:, None]
+  safe = jnp.where(slot >= 0, slot, w_last)  # out of range: dropped
+  embeds = jnp.zeros((b, w_last, d), prev.dtype).at[rows, safe].set(prev, mode="drop")
+  mask = jnp.zeros((b, w_last), bool).at[rows, safe].set(True, mode="drop")
+  hl, _ = run(model, cache, last, t - w_last, embeds, mask)  # [B, W_N, D]
+  processed = jnp.concatenate([h0, jnp.swapaxes(hm, 0, 1).reshape(b, (n - 1) * e, d).astype(h0.dtype), hl], axis=1)
+  return jnp.take_along_axis(processed, batch["order"][..., None], axis=1)

@@ -16,14 +16,17 @@ no_cot             no        none                 all steps removed (question �
 Stages ``0 .. K-1`` run ``stage_steps`` optimizer steps each and stage ``K`` the rest of ``steps``;
 the optimizer state (Adam moments and the learning-rate schedule's step) is reset at every stage
 switch; the schedule's horizon is the longest stage. Every stage uses one column layout (the widest),
-so the train step is compiled once. Evaluation
-decodes greedily with ``c·K`` thoughts (pause tokens for ``pause_as_thought``).
+so the train step is compiled once; with ``pack_length`` rows are packed (several examples per row) and
+each stage gets its own packed layout (one compile per stage). ``eot_head > 0`` trains the ``<eot>``
+classifier head jointly. Evaluation decodes greedily with ``c·K`` thoughts (pause tokens for
+``pause_as_thought``), or, with ``eval.stop: classifier``, until the head fires.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -39,16 +42,21 @@ from jaxrl.latent._data import (
     Chain,
     Layout,
     LatentTokens,
+    PackedLayout,
     ThoughtKind,
     arithmetic_chains,
     latent_tokens,
     make_rows,
+    pack_rows,
+    padding_fraction,
     prompt_ids,
     read_chains,
     stage_example,
 )
 from jaxrl.latent._decode import latent_generate
-from jaxrl.latent._forward import latent_hidden
+from jaxrl.latent._eot import eot_logits, eot_loss, init_eot_head
+from jaxrl.latent._forward import latent_hidden, packed_latent_hidden
+from jaxrl.latent._prosqa import ProsQAConfig, prosqa_chains
 from jaxrl.models._source import ModelSource
 
 Method = Literal["coconut", "cot", "no_cot", "no_curriculum", "no_thought", "pause_as_thought"]
@@ -66,6 +74,8 @@ class LatentData:
   "Held-out JSONL files for accuracy."
   builtin: data_lib.BuiltinTask | None = dataclasses.field(default_factory=data_lib.BuiltinTask)
   "The built-in arithmetic task (its steps are the reasoning steps), used when `train` is empty."
+  prosqa: ProsQAConfig | None = None
+  "The generated ProsQA-style graph-reachability task; used instead of `builtin` when set (and `train` is empty)."
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,6 +85,17 @@ class LatentEval:
   n: int = 64
   "Held-out chains decoded greedily for accuracy."
   max_new_tokens: int = 32
+  stop: Literal["fixed", "classifier"] = "fixed"
+  "How latent decoding ends thinking: after c·K thoughts, or when the <eot> head fires (needs eot_head > 0)."
+  max_thoughts: int = 0
+  "Most thoughts with stop=classifier (0: c·K)."
+
+  def __post_init__(self):
+    if self.stop not in ("fixed", "classifier"):
+      raise ValueError(f"eval.stop must be 'fixed' or 'classifier', got {self.stop!r}")
+    if self.max_thoughts < 0 or self.n < 0 or self.max_new_tokens < 1:
+      raise ValueError(f"eval: max_thoughts >= 0, n >= 0, max_new_tokens >= 1; got {self.max_thoughts}, {self.n}, "
+                       f"{self.max_new_tokens}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,7 +117,11 @@ class CoconutConfig:
   steps: int = 400
   "Total optimizer steps."
   batch_size: int = 32
-  "Rows (examples) per step."
+  "Rows per step (one example per row unless `pack_length` packs several)."
+  pack_length: int = 0
+  "Columns per packed row (several examples per row, each its own segment); 0: one example per row."
+  eot_head: float = 0.0
+  "Loss weight of the <eot> classifier head trained jointly on <bot> and the thoughts (0: no head)."
   optim: train.OptimConfig = dataclasses.field(default_factory=train.OptimConfig)
   chunk_size: int = 256
   "Tokens per chunk of the log-prob computation."
@@ -121,8 +146,15 @@ class CoconutConfig:
     if self.curriculum and self.steps <= self.max_stage * self.stage_steps:
       raise ValueError(f"steps={self.steps} must exceed max_stage × stage_steps = "
                        f"{self.max_stage * self.stage_steps} (the last stage needs steps)")
-    if not self.data.train and self.data.builtin is None:
-      raise ValueError("data: give data.train files or data.builtin")
+    if not self.data.train and self.data.builtin is None and self.data.prosqa is None:
+      raise ValueError("data: give data.train files, data.builtin or data.prosqa")
+    if self.pack_length < 0 or self.eot_head < 0:
+      raise ValueError(f"pack_length and eot_head must be >= 0, got {self.pack_length}, {self.eot_head}")
+    if self.eot_head and METHODS[self.method][1] != "latent":
+      raise ValueError(f"eot_head={self.eot_head} needs continuous thoughts (method coconut or no_curriculum), "
+                       f"got method={self.method!r}")
+    if self.eval.stop == "classifier" and not self.eot_head:
+      raise ValueError("eval.stop=classifier needs the <eot> head: set eot_head > 0")
 
   @property
   def curriculum(self) -> bool:
@@ -146,21 +178,39 @@ def stage_schedule(cfg: CoconutConfig, max_steps_in_data: int) -> list[tuple[int
   return [(cfg.max_stage, cfg.steps)]
 
 
-def latent_loss_fn(graphdef, layout: Layout, *, chunk_size: int = 256):
-  """``loss(params, batch) -> (Σ w·nll, metrics)`` through :func:`latent_hidden` (``batch`` has ``weights``)."""
+def latent_loss_fn(graphdef, layout: Layout | PackedLayout, *, chunk_size: int = 256, eot_weight: float = 0.0):
+  """``loss(params, batch) -> (Σ w·nll + eot_weight · Σ w_eot·bce, metrics)``; ``batch`` via :func:`token_mean_prepare`.
+
+  Column-aligned rows (a :class:`Layout`) go through :func:`latent_hidden`, packed rows (a
+  :class:`PackedLayout`) through :func:`packed_latent_hidden`. With ``eot_weight > 0`` ``params`` is
+  ``{"model": model state, "eot_head": head}`` and the ``<eot>`` head's cross-entropy is added.
+  """
   def loss_fn(params, batch):
-    model = nnx.merge(graphdef, params)
-    hidden = latent_hidden(model, batch["tokens"], batch["positions"], batch["segment_ids"], batch["thought_mask"],
-                           prefix=layout.prefix, thoughts=layout.thoughts)  # [B, T, D]
+    model = nnx.merge(graphdef, params["model"] if eot_weight else params)
+    if isinstance(layout, PackedLayout):
+      hidden = packed_latent_hidden(model, batch, thoughts=layout.thoughts, examples=layout.examples)
+    else:
+      hidden = latent_hidden(model, batch["tokens"], batch["positions"], batch["segment_ids"], batch["thought_mask"],
+                             prefix=layout.prefix, thoughts=layout.thoughts)  # [B, T, D]
     nll = -losses.token_logprobs(hidden, model.unembed_matrix(), batch["targets"], chunk_size=chunk_size)
     mask = batch["loss_mask"]
-    return jnp.sum(batch["weights"] * nll), {"nll_sum": jnp.sum(mask * nll), "loss_tokens": jnp.sum(mask)}
+    loss = jnp.sum(batch["weights"] * nll)
+    metrics = {"nll_sum": jnp.sum(mask * nll), "loss_tokens": jnp.sum(mask)}
+    if eot_weight:
+      bce = eot_loss(eot_logits(params["eot_head"], hidden), batch["eot_label"], batch["eot_weights"])
+      loss = loss + eot_weight * bce
+      metrics["eot_bce"] = bce
+    return loss, metrics
   return loss_fn
 
 
 def token_mean_prepare(batch):
-  """``weights = loss_mask / Σ loss_mask`` over the global batch (the per-token mean)."""
-  return dict(batch, weights=batch["loss_mask"] / jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0))
+  """``weights = loss_mask / Σ loss_mask`` over the global batch (the per-token mean), and likewise
+  ``eot_weights`` from ``eot_mask`` (the ``<eot>`` head's mean over its decision columns)."""
+  out = dict(batch, weights=batch["loss_mask"] / jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0))
+  if "eot_mask" in batch:
+    out["eot_weights"] = batch["eot_mask"] / jnp.maximum(jnp.sum(batch["eot_mask"]), 1.0)
+  return out
 
 
 def _tokenizer_dir(cfg: CoconutConfig) -> str:
@@ -173,6 +223,8 @@ def load_chains(cfg: CoconutConfig) -> tuple[list[Chain], list[Chain]]:
     train_chains = [c for p in cfg.data.train for c in read_chains(p)]
     heldout = [c for p in cfg.data.heldout for c in read_chains(p)]
     return train_chains, heldout
+  if cfg.data.prosqa is not None:
+    return prosqa_chains(cfg.data.prosqa, "train"), prosqa_chains(cfg.data.prosqa, "heldout")
   b = cfg.data.builtin
   heldout = arithmetic_chains(b.n_heldout, seed=b.seed, split="heldout", difficulty=b.difficulty,
                               unique=True) if b.n_heldout else []
@@ -198,6 +250,7 @@ class CoconutTrainer:
     self.tokens: LatentTokens = latent_tokens(self.tokenizer, self.model.cfg.vocab_size)
     self.train_chains, self.heldout_chains = load_chains(cfg)
     self.graphdef, self.params = nnx.split(self.model)
+    self.eot_head = init_eot_head(self.model.cfg.hidden_size) if cfg.eot_head else None
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
     self.markers, self.kind = METHODS[cfg.method]
 
@@ -208,14 +261,48 @@ class CoconutTrainer:
   def current_model(self):
     return nnx.merge(self.graphdef, self.params)
 
+  def trainable(self):
+    """The optimised pytree: the model state, with the ``<eot>`` head when it is trained."""
+    return {"model": self.params, "eot_head": self.eot_head} if self.eot_head is not None else self.params
+
+  def set_trainable(self, params) -> None:
+    if self.eot_head is not None:
+      self.params, self.eot_head = params["model"], params["eot_head"]
+    else:
+      self.params = params
+
+  def layouts(self, stage_examples: dict[int, list]) -> dict[int, Layout | PackedLayout]:
+    """One column-aligned layout for every stage (one compile), or a packed layout per stage."""
+    if self.cfg.pack_length:
+      return {stage: PackedLayout.fit(ex, self.cfg.pack_length) for stage, ex in stage_examples.items()}
+    shared = Layout.fit(e for ex in stage_examples.values() for e in ex)
+    return {stage: shared for stage in stage_examples}
+
+  def make_step(self, layout: Layout | PackedLayout, optimizer):
+    loss_fn = latent_loss_fn(self.graphdef, layout, chunk_size=self.cfg.chunk_size, eot_weight=self.cfg.eot_head)
+    return train.make_train_step(loss_fn, optimizer, mesh=self.mesh, prepare=token_mean_prepare)
+
+  def draw_rows(self, rng: np.random.Generator, examples: list, layout: Layout | PackedLayout) -> dict[str, np.ndarray]:
+    """One step's ``batch_size`` rows: random examples, aligned one per row or packed in draw order."""
+    b = self.cfg.batch_size
+    if isinstance(layout, Layout):
+      return make_rows([examples[i] for i in rng.integers(0, len(examples), size=b)], layout, self.tokens)
+    # Enough draws to fill every row; the packer takes them in order and stops when the rows are full.
+    per_row = max(1, layout.examples)
+    rows, _ = pack_rows([examples[i] for i in rng.integers(0, len(examples), size=b * per_row)], layout,
+                        self.tokens, num_rows=b)
+    return rows
+
   def evaluate(self, n: int | None = None) -> dict[str, float]:
-    """Held-out accuracy (greedy, ``c·K`` thoughts) and generated language tokens per answer."""
+    """Held-out accuracy (greedy, ``c·K`` thoughts or the head's choice) and generated tokens per answer."""
     chains = self.heldout_chains[:self.cfg.eval.n if n is None else n]
     if not chains:
       return {}
+    head = self.eot_head if self.cfg.eval.stop == "classifier" else None
+    thoughts = self.cfg.eval_thoughts if head is None else (self.cfg.eval.max_thoughts or self.cfg.eval_thoughts)
     return evaluate_chains(self.current_model(), self.tokenizer, self.tokens, chains, markers=self.markers,
-                           kind=self.kind, thoughts=self.cfg.eval_thoughts,
-                           max_new_tokens=self.cfg.eval.max_new_tokens)
+                           kind=self.kind, thoughts=thoughts, max_new_tokens=self.cfg.eval.max_new_tokens,
+                           eot_head=head)
 
   def run(self) -> dict[str, Any]:
     cfg = self.cfg
@@ -227,35 +314,41 @@ class CoconutTrainer:
     results: dict[str, Any] = {"method": cfg.method, "schedule": schedule, "eval_before": self.evaluate()}
     global_step, stage_log = 0, []
     stage_examples = {stage: self.examples(self.train_chains, stage) for stage, _ in schedule}
-    # One layout (so one compiled step) for every stage: rows of early stages have their prompt run into
-    # the unused thought columns. The optimizer is built once and its state re-initialised per stage.
-    layout = Layout.fit(e for ex in stage_examples.values() for e in ex)
+    # Unpacked: one layout (so one compiled step) for every stage; rows of early stages have their prompt
+    # run into the unused thought columns. Packed: a layout per stage. The optimizer is built once and
+    # its state re-initialised per stage.
+    layouts = self.layouts(stage_examples)
     optimizer = train.make_optimizer(cfg.optim, max(n for _, n in schedule))
-    step_fn = train.make_train_step(latent_loss_fn(self.graphdef, layout, chunk_size=cfg.chunk_size), optimizer,
-                                    mesh=self.mesh, prepare=token_mean_prepare)
+    steps = {}
     t0 = time.perf_counter()
     for stage, n_steps in schedule:
-      examples = stage_examples[stage]
-      state = train.place_on_mesh(train.init_train_state(self.params, optimizer), self.mesh)  # optimizer reset
-      real = pad = 0
+      examples, layout = stage_examples[stage], layouts[stage]
+      if layout not in steps:
+        steps[layout] = self.make_step(layout, optimizer)
+      step_fn = steps[layout]
+      state = train.place_on_mesh(train.init_train_state(self.trainable(), optimizer), self.mesh)  # optimizer reset
+      padding, examples_seen = [], 0
       for _ in range(n_steps):
-        idx = rng.integers(0, len(examples), size=cfg.batch_size)
-        rows = make_rows([examples[i] for i in idx], layout, self.tokens)
-        real += int(rows["segment_ids"].sum())
-        pad += rows["segment_ids"].size
+        rows = self.draw_rows(rng, examples, layout)
+        padding.append(padding_fraction(rows))
+        examples_seen += int(sum(len(set(r[r > 0].tolist())) for r in rows["segment_ids"]))
         batch = {k: sharding.global_batch(v, self.batch_sharding) for k, v in rows.items()}
         state, metrics = step_fn(state, batch)
         global_step += 1
         if global_step % cfg.log_every == 0 or global_step == cfg.steps:
           m = jax.device_get(metrics)
-          logger.log(global_step, {"loss": float(m["nll_sum"]) / max(float(m["loss_tokens"]), 1.0),
-                                   "grad_norm": float(m["grad_norm"]), "stage": float(stage)})
+          line = {"loss": float(m["nll_sum"]) / max(float(m["loss_tokens"]), 1.0),
+                  "grad_norm": float(m["grad_norm"]), "stage": float(stage)}
+          if "eot_bce" in m:
+            line["eot_bce"] = float(m["eot_bce"])
+          logger.log(global_step, line)
         if cfg.eval.every and global_step % cfg.eval.every == 0:
-          self.params = state.params
+          self.set_trainable(state.params)
           logger.log(global_step, self.evaluate())
-      self.params = state.params
+      self.set_trainable(state.params)
       stage_log.append({"stage": stage, "steps": n_steps, "layout": dataclasses.asdict(layout),
-                        "padding": 1.0 - real / max(pad, 1)})
+                        "layout_kind": type(layout).__name__, "padding": float(np.mean(padding)),
+                        "examples_per_step": examples_seen / n_steps})
     results.update(stages=stage_log, train_seconds=time.perf_counter() - t0, eval_after=self.evaluate())
     logger.log(cfg.steps, results["eval_after"])
     logger.close(title=f"latent/{cfg.method}")
@@ -263,10 +356,26 @@ class CoconutTrainer:
     return results
 
 
+_WORD_ANSWER = re.compile(r"Answer:\s*([^\s.<]+)")
+
+
+def answer_match(completion: str, answer: str) -> bool:
+  """Exact match of the answer after the last ``Answer:`` (integers as the built-in task reads them,
+  any other answer as the word that follows, e.g. a ProsQA concept)."""
+  if re.fullmatch(r"-?\d+", answer.strip()):
+    return data_lib.exact_match(completion, answer)
+  found = _WORD_ANSWER.findall(completion)
+  return bool(found) and found[-1] == answer.strip()
+
+
 def evaluate_chains(model, tokenizer, tokens: LatentTokens, chains: list[Chain], *, markers: bool,
-                    kind: ThoughtKind, thoughts: int, max_new_tokens: int, batch_size: int = 64) -> dict[str, float]:
-  """Greedy accuracy and mean generated language tokens per answer (end-of-turn included)."""
-  hits, lengths = [], []
+                    kind: ThoughtKind, thoughts: int, max_new_tokens: int, batch_size: int = 64,
+                    eot_head=None) -> dict[str, float]:
+  """Greedy accuracy, mean generated language tokens per answer (end-of-turn included) and mean thoughts.
+
+  ``eot_head``: stop thinking when the ``<eot>`` head fires (at most ``thoughts``); None: ``thoughts``.
+  """
+  hits, lengths, n_thoughts = [], [], []
   for i in range(0, len(chains), batch_size):
     part = chains[i:i + batch_size]
     prompts = []
@@ -275,12 +384,14 @@ def evaluate_chains(model, tokenizer, tokens: LatentTokens, chains: list[Chain],
       prompts.append(np.concatenate([ids, np.full(n, tokens.pause, np.int32)]) if kind == "pause" else ids)
     out = latent_generate(model, prompts, thoughts=thoughts if kind == "latent" else 0,
                           eot=tokens.eot if markers else None, eos=tokens.eos, pad=tokens.pad,
-                          max_new_tokens=max_new_tokens)
-    for ch, row, n_gen in zip(part, out.tokens, out.lengths):
+                          max_new_tokens=max_new_tokens, eot_head=eot_head if kind == "latent" else None)
+    for ch, row, n_gen, n_th in zip(part, out.tokens, out.lengths, out.n_thoughts):
       text = tokenizer.decode(row[:n_gen].tolist(), skip_special_tokens=False)
-      hits.append(data_lib.exact_match(text, ch.answer))
+      hits.append(answer_match(text, ch.answer))
       lengths.append(int(n_gen))
-  return {"accuracy": float(np.mean(hits)), "tokens_per_answer": float(np.mean(lengths))}
+      n_thoughts.append(int(n_th))
+  return {"accuracy": float(np.mean(hits)), "tokens_per_answer": float(np.mean(lengths)),
+          "thoughts_per_answer": float(np.mean(n_thoughts))}
 
 
 def main(cfg: CoconutConfig) -> dict[str, Any]:

@@ -112,6 +112,7 @@ from jaxrl.losses._logprobs import (
     logprobs_from_logits,
     token_logprobs,
 )
+from jaxrl.losses._value import value_loss
 
 __all__ = [
     "ADVANTAGES",
@@ -197,5 +198,6 @@ __all__ = [
     "tis_weights",
     "token_logprobs",
     "token_mask_weights",
+    "value_loss",
     "vanilla_pg",
 ]

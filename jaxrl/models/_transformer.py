@@ -208,15 +208,18 @@ class Attention(nnx.Module):
     else:
       self.q_norm = self.k_norm = None
 
-  def __call__(
+  def project(
       self,
       x: jax.Array,  # [B, T, D]
-      *,
       positions: jax.Array,  # [B, T]
-      segment_ids: jax.Array,  # [B, T]
-      cache: tuple | None = None,  # (k [B,S,K,H], v [B,S,K,H], kv_segment_ids [B,S], kv_positions [B,S], start [B])
+      *,
       placement: Placement | None = None,
-  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, D], updated (k, v) or None
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [B, T, N, H], k [B, T, K, H], v [B, T, K, H]
+    """Queries, keys and values of ``x``: projections (with unmerged LoRA terms), bias, q/k norm, RoPE.
+
+    Every path that runs this block (training forward, prefill, the sampler's and the engine's decode
+    steps) calls this method, so they cannot disagree about the block.
+    """
     cfg = self.cfg
     dt = cfg.jnp_dtype
     q = add_lora(self, "q_proj", x, jnp.einsum("btd,dnh->btnh", x, self.q_proj[...].astype(dt)))
@@ -233,21 +236,64 @@ class Attention(nnx.Module):
     q = _constrain(placement, apply_rope(q, positions, inv_freq), ("batch", "seq", "act_heads", "head_dim"))
     k = _constrain(placement, apply_rope(k, positions, inv_freq), ("batch", "seq", "act_kv_heads", "head_dim"))
     v = _constrain(placement, v, ("batch", "seq", "act_kv_heads", "head_dim"))
-    attend = kernels.attention if placement is None else placement.attention
+    return q, k, v
+
+  def output(self, out: jax.Array, *, placement: Placement | None = None) -> jax.Array:  # [B, T, N, H] -> [B, T, D]
+    """The output projection ``out·W_o`` (with an unmerged LoRA term) of the attention output ``out``.
+
+    For one query per row (decode steps) ``(n, h)`` are contracted as one flat axis: the einsum makes
+    XLA CPU copy ``W_o`` transposed on every call, once per generated token.
+    """
+    dt = self.cfg.jnp_dtype
+    out = _constrain(placement, out, ("batch", "seq", "act_heads", "head_dim"))
+    b, t, n, h = out.shape
+    w = self.o_proj[...].astype(dt)
+    if t == 1:
+      y = (out.reshape(b, n * h) @ w.reshape(n * h, w.shape[-1]))[:, None]  # [B, 1, D]
+    else:
+      y = jnp.einsum("btnh,nhd->btd", out, w)
+    return add_lora(self, "o_proj", out, y)
+
+  def __call__(
+      self,
+      x: jax.Array,  # [B, T, D]
+      *,
+      positions: jax.Array,  # [B, T]
+      segment_ids: jax.Array | None = None,  # [B, T]
+      cache: tuple | None = None,  # (k [B,S,K,H], v [B,S,K,H], kv_segment_ids [B,S], kv_positions [B,S], start [B])
+      placement: Placement | None = None,
+      attend=None,
+  ) -> tuple[jax.Array, object]:  # [B, T, D], updated (k, v) or None (or what ``attend`` returns)
+    """``output(attention(project(x)))``.
+
+    Args:
+      x: normed input ``[B, T, D]``.
+      positions: ``[B, T]`` (RoPE and causality).
+      segment_ids: ``[B, T]`` (packing; 0 = padding). Unused with ``attend``.
+      cache: a contiguous KV cache, written at ``start`` per row before attention.
+      placement: the model's mesh (activation constraints, sharded kernels).
+      attend: ``(q, k, v) -> (out [B, T, N, H], new_kv)`` replacing the attention step (cache write
+        and kernel) for caches this module does not know: the samplers' ragged and paged decode.
+    """
+    cfg = self.cfg
+    dt = cfg.jnp_dtype
+    q, k, v = self.project(x, positions, placement=placement)
+    if attend is not None:
+      out, new_kv = attend(q, k, v)
+      return self.output(out, placement=placement), new_kv
+    attn = kernels.attention if placement is None else placement.attention
     kw = dict(impl=cfg.attention_impl, interpret=cfg.attention_interpret)
     if cache is None:
-      out = attend(q, k, v, segment_ids=segment_ids, positions=positions, **kw)
+      out = attn(q, k, v, segment_ids=segment_ids, positions=positions, **kw)
       new_kv = None
     else:
       k_cache, v_cache, kv_segment_ids, kv_positions, start = cache
       k_cache = _write_rows(k_cache, k.astype(k_cache.dtype), start)  # [B, S, K, H]
       v_cache = _write_rows(v_cache, v.astype(v_cache.dtype), start)
-      out = attend(q, k_cache.astype(dt), v_cache.astype(dt), segment_ids=(segment_ids, kv_segment_ids),
-                   positions=(positions, kv_positions), **kw)
+      out = attn(q, k_cache.astype(dt), v_cache.astype(dt), segment_ids=(segment_ids, kv_segment_ids),
+                 positions=(positions, kv_positions), **kw)
       new_kv = (k_cache, v_cache)
-    out = _constrain(placement, out, ("batch", "seq", "act_heads", "head_dim"))
-    y = add_lora(self, "o_proj", out, jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(dt)))
-    return y, new_kv
+    return self.output(out, placement=placement), new_kv
 
 
 class MLP(nnx.Module):
@@ -278,10 +324,11 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=pd)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, *, positions, segment_ids, cache=None, placement=None):  # [B, T, D] -> ([B, T, D], kv)
+  def __call__(self, x, *, positions, segment_ids=None, cache=None, placement=None, attend=None):
+    """``[B, T, D] -> ([B, T, D], new kv)``; ``cache``/``attend`` as in :meth:`Attention.__call__`."""
     with jax.named_scope("attention"):
       y, new_kv = self.attn(self.attn_norm(x), positions=positions, segment_ids=segment_ids, cache=cache,
-                            placement=placement)
+                            placement=placement, attend=attend)
       x = _constrain(placement, x + y, _RESIDUAL)
     with jax.named_scope("mlp"):
       x = _constrain(placement, x + self.mlp(self.mlp_norm(x), placement=placement), _RESIDUAL)

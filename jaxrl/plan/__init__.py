@@ -4,6 +4,7 @@
 NVIDIA targets the CUDA plugin (``pip install 'jaxrl[plan]'``); neither needs the hardware.
 """
 
+from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs
 from jaxrl.plan._plan import Plan, Row, advice, collective_bytes, format_plan, load_recipe, main, plan_recipe
 from jaxrl.plan._programs import PROGRAMS, PlanContext, Program, build_context, device_bytes, register_programs
 from jaxrl.plan._targets import TARGETS, Target, TargetUnavailable, get_target
@@ -17,10 +18,13 @@ __all__ = [
     "Row",
     "Target",
     "TargetUnavailable",
+    "EngineBudget",
     "advice",
     "build_context",
     "collective_bytes",
     "device_bytes",
+    "engine_budget",
+    "engine_programs",
     "format_plan",
     "get_target",
     "load_recipe",

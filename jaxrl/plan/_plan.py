@@ -177,7 +177,12 @@ def _extrapolate(small: Row, big: Row, k: int, total: int, target: Target) -> Ro
   row = dataclasses.replace(big)
   for f in _LINEAR:
     a, b = getattr(small, f), getattr(big, f)
-    setattr(row, f, type(a)(b + (b - a) * (total - 2 * k) / k))
+    value = type(a)(b + (b - a) * (total - 2 * k) / k)
+    if b < a:  # shrinks with more layers: not linear (the compiler chose another schedule), not extrapolated
+      value = a
+      row.note += (f"; {f} fell from {a / GiB:.2f} to {b / GiB:.2f} GiB between {k} and {2 * k} layers, "
+                   "not extrapolated (the larger measured value is shown)")
+    setattr(row, f, value)
   if small.compiler_flops is not None and big.compiler_flops is not None:
     row.compiler_flops = big.compiler_flops + (big.compiler_flops - small.compiler_flops) * (total - 2 * k) / k
   row.collectives = {c: int(v + (v - small.collectives.get(c, 0)) * (total - 2 * k) / k)
@@ -197,6 +202,8 @@ class Plan:
   compiled_layers: tuple[int, ...]
   rows: list[Row]
   platform: str
+  engine: list[str] = dataclasses.field(default_factory=list)
+  "The rollout engine's KV budget per device, one line per distinct ``max_len`` (empty without an engine)."
 
   @property
   def ok(self) -> bool:
@@ -248,9 +255,11 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
   if unknown:
     raise ValueError(f"--programs: unknown {sorted(unknown)}; known: {list(PROGRAMS)}")
 
+  contexts = {}
+
   def programs_at(n_layers: int | None) -> list:
     mc = full if n_layers is None else dataclasses.replace(full, num_layers=n_layers)
-    ctx = build_context(cfg, devices, mc)
+    ctx = contexts[n_layers] = build_context(cfg, devices, mc, full_model_cfg=full, hbm_bytes=target.hbm_bytes)
     out = []
     for name in names:
       for prog in PROGRAMS[name](ctx):
@@ -260,6 +269,8 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
     return out
 
   full_programs = programs_at(None)
+  from jaxrl.plan._engine import budgets
+  engine = [line for tag, b in budgets(contexts[None]) for line in b.lines(f"stages {tag}")]
   if layers is None or layers * 2 >= full.num_layers:
     rows = [_measure(p, target, verbose=verbose) for p in full_programs]
     compiled = (full.num_layers,)
@@ -277,7 +288,7 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
   mesh = dict(build_mesh_shape(cfg, devices))
   rows = [_finish(r, target, len(devices)) for r in rows]
   return Plan(recipe=recipe, target=target.name, mesh=mesh, attention=attention, layers=full.num_layers,
-              compiled_layers=compiled, rows=rows, platform=target.platform)
+              compiled_layers=compiled, rows=rows, platform=target.platform, engine=engine)
 
 
 def build_mesh_shape(cfg, devices) -> dict[str, int]:
@@ -299,7 +310,7 @@ def format_plan(plan: Plan) -> str:
              "collectives extrapolated linearly to all layers)")
   cols = ["program", "status", "params", "opt", "kv", "batch", "temp", "out", "peak", "HBM", "headroom",
           "compiler TFLOP", "model TFLOP", "collective GiB", "est. s"]
-  lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  lines = [head, *plan.engine, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   for r in plan.rows:
     if r.status == "error" or (r.status == "oom" and not r.arguments):
       lines.append(f"| {r.program} | {r.status} | " + " | ".join(["-"] * (len(cols) - 2)) + " |")
@@ -327,7 +338,10 @@ def advice(r: Row, plan: Plan) -> str:
     return f"{r.program} failed to compile: {r.error[:600]}"
   what = r.largest or "unknown allocation"
   need = f"peak {_gib(r.peak)} GiB > HBM {_gib(r.hbm)} GiB" if r.peak else (r.error[:400] or "out of memory")
-  if r.program.startswith("sampler"):
+  if r.program.startswith("engine"):
+    fix = ("the engine's pool is rollout.engine.kv_cache_bytes per device (from shapes) and its decode holds "
+           "num_slots rows: a smaller kv_cache_bytes, fewer num_slots or prefill_rows, or more devices")
+  elif r.program.startswith("sampler"):
     fix = ("the fixed-shape sampler allocates a KV cache for every row at the full length: fewer rows per "
            "generate call (rollout.reward_overlap_chunks), a shorter max_new_tokens, more devices, or the "
            "paged rollout engine")
@@ -335,6 +349,18 @@ def advice(r: Row, plan: Plan) -> str:
     fix = ("a smaller micro_batch.token_budget (fewer rows per micro-batch), remat: full, more fsdp devices "
            "(mesh.shape.fsdp) or tensor parallelism (mesh.shape.tensor) to shard weights and activations")
   return f"{r.program} on {plan.target}: {need}; largest allocation: {what}. Change: {fix}."
+
+
+def _cpu_backend() -> None:
+  """Plans run on the CPU backend (compile-only target devices need no accelerator). Unless the user
+  chose ``JAX_PLATFORMS``, select it before JAX starts a backend: on a machine without CUDA the CUDA
+  plugin's failed initialisation would otherwise also take away its compile-only topology."""
+  import os
+
+  import jax
+  from jax._src import xla_bridge
+  if not os.environ.get("JAX_PLATFORMS") and not xla_bridge.backends_are_initialized():
+    jax.config.update("jax_platforms", "cpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--json", default=None, help="write the table(s) as JSON here")
   p.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
   ns = p.parse_args(argv)
+  _cpu_backend()
   from jaxrl.config import ConfigError
   try:
     cfg = load_recipe(ns.config, ns.overrides)

@@ -68,12 +68,21 @@ class PlanContext:
   optimizer: optax.GradientTransformation
   trainer: Any
   "A stand-in exposing the attributes ``RLTrainer``'s program builders read."
+  full_model_cfg: models.ModelConfig | None = None
+  "The full-depth model when ``model_cfg`` has fewer layers (``--layers``); sizes the engine's pool."
+  hbm_bytes: int | None = None
+  "The target's memory per device (estimates a ``kv_cache_fraction`` budget)."
 
   @property
   def stages(self) -> list[Stage]:
-    r = self.cfg.rollout
-    steps = [1] + [s.start_step for s in r.context_schedule]
-    return [Stage(i, st, *r.stage(st)[1:]) for i, st in enumerate(steps)]
+    return recipe_stages(self.cfg)
+
+
+def recipe_stages(cfg: RLConfig) -> list[Stage]:
+  """The recipe's context stages (the first step of each, its response budget and group size)."""
+  r = cfg.rollout
+  steps = [1] + [s.start_step for s in r.context_schedule]
+  return [Stage(i, st, *r.stage(st)[1:]) for i, st in enumerate(steps)]
 
 
 def abstract(tree, shardings):
@@ -102,7 +111,8 @@ def _state_shardings(params, opt_state, optimizer, mesh):
                                transform_non_params=lambda _: replicated)
 
 
-def build_context(cfg: RLConfig, devices, model_cfg: models.ModelConfig) -> PlanContext:
+def build_context(cfg: RLConfig, devices, model_cfg: models.ModelConfig, *,
+                  full_model_cfg: models.ModelConfig | None = None, hbm_bytes: int | None = None) -> PlanContext:
   mesh = sharding.make_mesh(cfg.mesh.shape, devices=devices)
   rules = cfg.mesh.logical_rules()
   if cfg.lora is not None:
@@ -122,13 +132,14 @@ def build_context(cfg: RLConfig, devices, model_cfg: models.ModelConfig) -> Plan
       skipped=abstract(shape.skipped, replicated))
   rule_axes = rules.mesh_axes("batch")
   trainer = types.SimpleNamespace(
-      cfg=cfg, graphdef=graphdef, optimizer=optimizer, schedule=schedule, mesh=mesh, frozen=(), _steps={},
-      _logprob_programs={}, batch_sharding=sharding.batch_sharding(mesh, rules), procs=1,
+      cfg=cfg, graphdef=graphdef, optimizer=optimizer, schedule=schedule, mesh=mesh, rules=rules, frozen=(),
+      _steps={}, _logprob_programs={}, batch_sharding=sharding.batch_sharding(mesh, rules), procs=1,
       data_parallel=math.prod(mesh.shape[a] for a in rule_axes))
   trainer.logprob_fn = make_logprob_fn(graphdef, temperature=cfg.rollout.temperature,
                                        chunk_size=algo.logprob_chunk_size, lora=False)
   return PlanContext(cfg=cfg, mesh=mesh, rules=rules, model_cfg=model_cfg, graphdef=graphdef, params=params,
-                     state=train_state, optimizer=optimizer, trainer=trainer)
+                     state=train_state, optimizer=optimizer, trainer=trainer, full_model_cfg=full_model_cfg,
+                     hbm_bytes=hbm_bytes)
 
 
 def micro_batches(ctx: PlanContext, stage: Stage) -> tuple[int, int, int]:
@@ -245,9 +256,12 @@ def _row_bucket(count: int, dp: int) -> int:
 @register_programs("sampler")
 def sampler_programs(ctx: PlanContext) -> list[Program]:
   """``Sampler.generate``'s prefill and decode at the rollout shapes of each stage (one chunk of
-  ``prompts_per_step / reward_overlap_chunks`` prompts, ``n`` samples each, the full length budget)."""
+  ``prompts_per_step / reward_overlap_chunks`` prompts, ``n`` samples each, the full length budget);
+  none when the recipe rolls out on the engine (``rollout.engine``, see :mod:`jaxrl.plan._engine`)."""
   from jaxrl.sampling import _sampler
   cfg = ctx.cfg
+  if cfg.rollout.engine is not None:
+    return []
   r = cfg.rollout
   mc = ctx.model_cfg
   programs = _sampler._programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(mc.dtype), r.decode_impl)

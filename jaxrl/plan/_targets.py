@@ -138,7 +138,7 @@ def _devices(name: str) -> tuple:
   except ImportError as e:
     raise TargetUnavailable(f"{name}: libtpu is not installed ({e}); pip install 'jaxrl[plan]'") from e
   except Exception as e:  # noqa: BLE001  (plugin missing or refusing: report why)
-    hint = "pip install 'jaxrl[plan]'"
+    hint = "pip install 'jaxrl[plan]'" + ("; run with JAX_PLATFORMS=cpu" if t.platform == "cuda" else "")
     raise TargetUnavailable(f"{name}: cannot create compile-only {t.platform} devices: "
                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} ({hint})") from e
   devices = tuple(topo.devices)

@@ -13,6 +13,11 @@ A `Judge` sends chat requests through the official ``openai`` package to any Ope
   model and body; never the key), so a repeated request costs nothing and a restarted run re-reads it;
 * `stats` counts requests, HTTP calls, retries, cache hits, errors, tokens and cost.
 
+With ``launch`` (`JudgeLaunch`) the judge starts `jaxrl serve` of a local model directory itself, in a
+subprocess on a free loopback port, and `close_judges` (called by ``RLTrainer.close``) stops it.
+`Judge.sequence_logprob` reads prompt log-probs through ``/v1/completions`` with ``echo`` (servers that
+support it, e.g. vLLM; `jaxrl serve` does not yet).
+
 A request that still fails raises `JudgeError`; a response without a readable score raises
 `JudgeScoreError`. Inside a `RewardRunner` both become that sample's ``error_value`` with the reason
 recorded and counted against ``max_errors``: a sample is never dropped and never scored twice.
@@ -39,11 +44,13 @@ from typing import Any, Literal
 __all__ = [
   "PROVIDERS",
   "Judge",
+  "JudgeLaunch",
   "JudgeConfig",
   "JudgeError",
   "JudgeResponse",
   "JudgeScoreError",
   "ProviderProfile",
+  "close_judges",
   "expected_score",
   "get_judge",
   "parse_choice",
@@ -72,6 +79,44 @@ PROVIDERS: dict[str, ProviderProfile] = {
   "jaxrl": ProviderProfile(None, max_top_logprobs=None),  # `jaxrl serve --max-top-logprobs`
   "vllm": ProviderProfile(None, max_top_logprobs=None),
 }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JudgeLaunch:
+  """`jaxrl serve` of a local model directory, started by the run itself in a subprocess.
+
+  The server listens on a free loopback port (``--port 0``; the port is read from its start-up line),
+  the judge waits for it up to ``startup_timeout_s``, and it is terminated by `close_judges` (which
+  ``RLTrainer.close`` calls) or at interpreter exit.
+  """
+
+  model: str
+  "Local HF model directory to serve (config.json + safetensors)."
+  tokenizer: str | None = None
+  "Tokenizer directory; default ``model``."
+  max_len: int = 2048
+  "Most tokens per row (prompt + completion)."
+  max_batch_rows: int = 64
+  batch_wait_ms: float = 10.0
+  max_top_logprobs: int = 20
+  "``--max-top-logprobs``: the vocabulary size lets a judge read every score token."
+  dtype: str | None = None
+  "Compute dtype of the server (float32 or bfloat16); default the checkpoint's."
+  platform: str | None = None
+  "``JAX_PLATFORMS`` of the server process (e.g. ``cpu`` to keep the accelerator for training); default inherited."
+  startup_timeout_s: float = 300.0
+  "How long to wait for the server to listen before failing."
+
+  def __post_init__(self):
+    if not isinstance(self.model, str) or not os.path.isdir(self.model):
+      raise ValueError(f"judge.launch.model: {self.model!r} is not a directory")
+    if self.dtype not in (None, "float32", "bfloat16"):
+      raise ValueError(f"judge.launch.dtype: {self.dtype!r} is not float32, bfloat16 or null")
+    for key in ("max_len", "max_batch_rows", "max_top_logprobs"):
+      if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+        raise ValueError(f"judge.launch.{key}: must be a positive int, got {getattr(self, key)!r}")
+    if not self.startup_timeout_s > 0 or self.batch_wait_ms < 0:
+      raise ValueError("judge.launch: startup_timeout_s must be > 0 and batch_wait_ms >= 0")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -107,8 +152,12 @@ class JudgeConfig:
   prompt_price_per_1k: float = 0.0
   "Cost per 1000 prompt tokens (for the `cost` counter)."
   completion_price_per_1k: float = 0.0
+  launch: JudgeLaunch | None = None
+  "Start `jaxrl serve` of a local model for this judge (then leave ``base_url`` unset)."
 
   def __post_init__(self):
+    if self.launch is not None and self.base_url is not None:
+      raise ValueError("judge.base_url: leave it unset with judge.launch (the launched server's URL is used)")
     if self.provider not in PROVIDERS:
       raise ValueError(f"judge.provider: {self.provider!r} is not one of {sorted(PROVIDERS)}")
     for key in ("max_concurrency", "max_tokens"):
@@ -175,8 +224,15 @@ class Judge:
 
     self.config = config = config or JudgeConfig(**kwargs)
     self.profile = PROVIDERS[config.provider]
-    self.base_url = config.resolved_base_url()
     self.model = config.resolved_model()
+    self.server: _ServeProcess | None = None
+    if config.launch is not None:
+      self.server = _ServeProcess(config.launch, served_name=self.model)
+      self.base_url = self.server.url
+      # Cache keys name the served directory, not the (per-run) port, so a rerun reuses the cache.
+      self._cache_url = "launch:" + os.path.abspath(config.launch.model)
+    else:
+      self.base_url = self._cache_url = config.resolved_base_url()
     self.logprobs_ok = self.profile.logprobs
     self._openai = openai
     self._client = openai.OpenAI(base_url=self.base_url, api_key=os.environ.get(config.api_key_env) or "none",
@@ -190,6 +246,11 @@ class Judge:
       self._db = sqlite3.connect(config.cache_path, check_same_thread=False)
       self._db.execute("CREATE TABLE IF NOT EXISTS judge (key TEXT PRIMARY KEY, value TEXT)")
       self._db.commit()
+
+  def close(self) -> None:
+    """Stops the judge's launched server (if any); the client stays usable against other servers."""
+    if self.server is not None:
+      self.server.stop()
 
   def __repr__(self) -> str:  # no key here, ever
     return f"Judge(base_url={self.base_url!r}, model={self.model!r}, provider={self.config.provider!r})"
@@ -210,7 +271,7 @@ class Judge:
       cap = self.profile.max_top_logprobs
       body["logprobs"], body["top_logprobs"] = True, k if cap is None else min(k, cap)
     self._count("requests")
-    key = hashlib.sha256(json.dumps([self.base_url, body], sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([self._cache_url, body], sort_keys=True).encode()).hexdigest()
     hit = self._cache_get(key)
     if hit is not None:
       self._count("cache_hits")
@@ -223,17 +284,55 @@ class Judge:
     self._cache_put(key, resp)
     return resp
 
-  def _call(self, body: dict[str, Any]) -> JudgeResponse:
+  def sequence_logprob(self, context: str, continuation: str) -> float:
+    """``log P(continuation | context)``: the summed prompt log-probs of the continuation's tokens, from one
+    ``/v1/completions`` request with ``echo: true, logprobs: 0, max_tokens: 1`` over ``context +
+    continuation`` (cached and retried like `chat`). Servers that return prompt log-probs with ``echo``
+    (vLLM, OpenAI's legacy completions) serve it; `jaxrl serve` does not yet (a 400 → `JudgeError`).
+
+    Tokens whose ``text_offset`` lies in ``[len(context), len(context + continuation))`` count, so the
+    context should end at a token boundary (e.g. a newline). Raises `JudgeError` (``malformed``) when the
+    answer has no prompt log-probs.
+    """
+    text = context + continuation
+    body: dict[str, Any] = {"model": self.model, "prompt": text, "echo": True, "logprobs": 0, "max_tokens": 1,
+                            "temperature": 0.0}
+    self._count("requests")
+    key = hashlib.sha256(json.dumps([self._cache_url, "completions", body], sort_keys=True).encode()).hexdigest()
+    hit = self._cache_get(key)
+    if hit is None:
+      try:
+        hit = self._call(body, endpoint="completions")
+      except JudgeError:
+        self._count("errors")
+        raise
+      self._cache_put(key, hit)
+    else:
+      self._count("cache_hits")
+    total, counted = 0.0, 0
+    for off, lp in zip(hit.tokens or [], hit.top_logprobs or []):
+      if len(context) <= int(off) < len(text):
+        if lp.get("logprob") is None:
+          raise JudgeError("malformed", f"no log-prob for the continuation token at offset {off}")
+        total += float(lp["logprob"])
+        counted += 1
+    if not counted:
+      raise JudgeError("malformed", "the echo response has no log-probs for the continuation's tokens")
+    return total
+
+  def _call(self, body: dict[str, Any], *, endpoint: Literal["chat", "completions"] = "chat") -> JudgeResponse:
     c, oa = self.config, self._openai
     attempt = 0
     while True:
       try:
         with self._slots:
           self._count("http_calls")
+          if endpoint == "completions":
+            return self._parse_echo(self._client.completions.create(**body))
           raw = self._client.chat.completions.create(**body)
         return self._parse(raw)
       except oa.BadRequestError as e:
-        if "logprobs" in body and "logprob" in str(e).lower():
+        if endpoint == "chat" and "logprobs" in body and "logprob" in str(e).lower():
           # The provider refuses log-probs: degrade to text-only scoring for good.
           with self._lock:
             self.logprobs_ok = False
@@ -251,6 +350,23 @@ class Judge:
         time.sleep(delay)
       except oa.APIStatusError as e:
         raise JudgeError(f"http_{e.status_code}", _short(e)) from None
+
+  def _parse_echo(self, raw) -> JudgeResponse:
+    """An echo completion as a JudgeResponse: ``tokens`` holds the text offsets and ``top_logprobs`` one
+    ``{"logprob": lp}`` per token (the first prompt token has none), so the cache stores it as is."""
+    if not getattr(raw, "choices", None) or getattr(raw.choices[0], "logprobs", None) is None:
+      raise JudgeError("malformed", "the echo response has no choices with logprobs")
+    lp = raw.choices[0].logprobs
+    offsets, values = list(lp.text_offset or []), list(lp.token_logprobs or [])
+    if len(offsets) != len(values):
+      raise JudgeError("malformed", "the echo response's text_offset and token_logprobs differ in length")
+    usage = getattr(raw, "usage", None)
+    pt = int(getattr(usage, "prompt_tokens", 0) or 0)
+    with self._lock:
+      self.stats["prompt_tokens"] += pt
+      self.stats["cost"] += pt / 1000 * self.config.prompt_price_per_1k
+    return JudgeResponse(text=raw.choices[0].text or "", tokens=[str(o) for o in offsets],
+                         top_logprobs=[{"logprob": v} for v in values], prompt_tokens=pt)
 
   def _parse(self, raw) -> JudgeResponse:
     if not getattr(raw, "choices", None):
@@ -422,8 +538,83 @@ def expected_score(top_logprobs: Sequence[Mapping[str, float]], *, lo: int = 0, 
 
 # --------------------------------------------------------------------------------------------------
 
+class _ServeProcess:
+  """``python -m jaxrl.serve._cli --model DIR --port 0 ...`` in a subprocess, up and listening."""
+
+  def __init__(self, launch: JudgeLaunch, *, served_name: str):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "jaxrl.serve._cli", "--model", launch.model, "--port", "0",
+           "--served-model-name", served_name, "--max-len", str(launch.max_len),
+           "--max-batch-rows", str(launch.max_batch_rows), "--batch-wait-ms", str(launch.batch_wait_ms),
+           "--max-top-logprobs", str(launch.max_top_logprobs)]
+    if launch.tokenizer:
+      cmd += ["--tokenizer", launch.tokenizer]
+    if launch.dtype:
+      cmd += ["--dtype", launch.dtype]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if launch.platform:
+      env["JAX_PLATFORMS"] = launch.platform
+    self.model = launch.model
+    self.lines: list[str] = []  # the server's output (the last 50 lines), for error messages
+    self._ready, self._done = threading.Event(), threading.Event()  # URL seen / output closed
+    self.url: str | None = None
+    self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 text=True, env=env)
+    threading.Thread(target=self._drain, name="jaxrl-judge-serve-log", daemon=True).start()
+    import atexit
+    atexit.register(self.stop)
+    deadline = time.monotonic() + launch.startup_timeout_s
+    while not (self._ready.wait(0.05) and self.url is not None):
+      if self.proc.poll() is not None:
+        self._done.wait(5.0)  # let the reader catch the last lines
+        raise JudgeError("launch", f"judge.launch.model: `jaxrl serve` of {launch.model} exited with status "
+                         f"{self.proc.returncode}: {self._tail()}")
+      if time.monotonic() > deadline:
+        self.stop()
+        raise JudgeError("launch", f"judge.launch.startup_timeout_s: `jaxrl serve` of {launch.model} was not "
+                         f"listening after {launch.startup_timeout_s} s: {self._tail()}")
+
+  def _drain(self) -> None:
+    # Reads the server's output for good (a full pipe would block the server) and spots the URL line.
+    for line in self.proc.stdout:
+      self.lines = (self.lines + [line.rstrip()])[-50:]
+      m = re.search(r" at (http://\S+/v1)", line)
+      if m and self.url is None:
+        self.url = m.group(1)
+        self._ready.set()
+    self._done.set()
+
+  def _tail(self) -> str:
+    return " | ".join(self.lines[-5:]) or "(no output)"
+
+  def stop(self) -> None:
+    """Terminates the server (SIGTERM, then SIGKILL after 10 s)."""
+    if self.proc.poll() is None:
+      self.proc.terminate()
+      try:
+        self.proc.wait(timeout=10)
+      except Exception:  # noqa: BLE001 (subprocess.TimeoutExpired)
+        self.proc.kill()
+        self.proc.wait()
+
+
 _JUDGES: dict[str, Judge] = {}
+_LAUNCH_FAILED: dict[str, JudgeError] = {}
 _JUDGES_LOCK = threading.Lock()
+
+
+def close_judges() -> int:
+  """Stops every judge server this process launched (``judge.launch``) and forgets those judges, so a
+  later `get_judge` starts a fresh server; returns how many were stopped. ``RLTrainer.close`` calls it."""
+  with _JUDGES_LOCK:
+    launched = {k: j for k, j in _JUDGES.items() if j.server is not None}
+    for k, j in launched.items():
+      j.close()
+      del _JUDGES[k]
+    _LAUNCH_FAILED.clear()
+  return len(launched)
 
 
 def get_judge(spec: Judge | JudgeConfig | Mapping[str, Any] | None) -> Judge:
@@ -442,6 +633,13 @@ def get_judge(spec: Judge | JudgeConfig | Mapping[str, Any] | None) -> Judge:
     raise TypeError(f"judge: expected a dict, JudgeConfig or Judge, got {type(spec).__name__}")
   key = json.dumps(dataclasses.asdict(cfg), sort_keys=True)
   with _JUDGES_LOCK:
+    if key in _LAUNCH_FAILED:  # a judge server that did not start is not started again for every sample
+      raise _LAUNCH_FAILED[key]
     if key not in _JUDGES:
-      _JUDGES[key] = Judge(cfg)
+      try:
+        _JUDGES[key] = Judge(cfg)
+      except JudgeError as e:
+        if e.reason == "launch":
+          _LAUNCH_FAILED[key] = e
+        raise
     return _JUDGES[key]

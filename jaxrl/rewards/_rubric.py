@@ -256,13 +256,14 @@ def alignxplore_gen_reward(prompt: str, completion: str, *, post: str, chosen: s
                            condition: str = "User preference: {description}\n\n{post}", **_: Any) -> RewardResult:
   """AlignXplore's R_gen: ``logprob_fn(context, continuation) -> float`` (an import path or callable: the
   summed log-prob of ``continuation`` after ``context`` under the downstream generator, e.g. a local
-  jaxrl model) scores y_w and y_l with and without the description (eq. 6)."""
+  jaxrl model; or a judge config dict: `Judge.sequence_logprob` on a server that returns prompt
+  log-probs with ``echo``, such as vLLM) scores y_w and y_l with and without the description (eq. 6)."""
   from jaxrl.rewards._base import load_reward
 
   d, ok = _description(completion)
   if not ok:
     return RewardResult(value=0.0, info={"reason": "format"})
-  fn = load_reward(logprob_fn)
+  fn = get_judge(logprob_fn).sequence_logprob if isinstance(logprob_fn, Mapping) else load_reward(logprob_fn)
   ctx_d = condition.format(description=d, post=post)
   lps = [fn(ctx_d, chosen), fn(post, chosen), fn(ctx_d, rejected), fn(post, rejected)]
   return RewardResult(value=alignxplore_r_gen(*lps, ok), info={"logprobs": lps})

@@ -22,6 +22,7 @@ from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_l
 from jaxrl.rl._packing import PackedBatch, assign_micro_batches, pack_sequences
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, read_records, reward_fields
 from jaxrl.rl._rewards import arithmetic_reward, weighted_reward
+from jaxrl.rl._rubric_arm import PairData, RubricARM, RubricARMConfig, arithmetic_pairs
 from jaxrl.rl._rollout import (
     Rollout,
     compute_advantages,
@@ -31,6 +32,8 @@ from jaxrl.rl._rollout import (
     sequence_fields,
 )
 from jaxrl.rl._trainer import RLTrainer
+from jaxrl.rl._async import AsyncRLTrainer
+from jaxrl.rl._async_config import AsyncConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -40,14 +43,20 @@ __all__ = [
     "MicroBatchConfig",
     "OverlongPenalty",
     "PackedBatch",
+    "PairData",
     "PromptData",
     "PromptStream",
     "RLConfig",
     "RLEvalConfig",
     "RLTrainer",
+    "AsyncRLTrainer",
+    "AsyncConfig",
     "RewardSection",
     "Rollout",
     "RolloutConfig",
+    "RubricARM",
+    "RubricARMConfig",
+    "arithmetic_pairs",
     "arithmetic_reward",
     "assign_micro_batches",
     "compute_advantages",

@@ -17,12 +17,23 @@ def main_rl(argv: list[str] | None = None) -> int:
   ns = parser.parse_args(argv)
   from jaxrl import sharding
   sharding.initialize()  # multi-host when JAXRL_COORDINATOR/... or JAXRL_AUTO_DISTRIBUTED=1 are set (docs/multihost.md)
+  config_cls = RLConfig
   try:
-    cfg = config_lib.load(RLConfig, ns.config, ns.overrides)
+    if ns.config and "env" in config_lib.read_yaml(ns.config):  # agentic RL: jaxrl.envs (docs/agentic.md)
+      from jaxrl.envs import AgenticRLConfig
+      config_cls = AgenticRLConfig
+    cfg = config_lib.load(config_cls, ns.config, ns.overrides)
   except config_lib.ConfigError as e:
     print(f"jaxrl rl: config error: {e}", file=sys.stderr)
     return 2
-  trainer = RLTrainer(cfg)
+  if config_cls is not RLConfig:
+    from jaxrl.envs import AgenticTrainer
+    trainer = AgenticTrainer(cfg)
+  elif cfg.asynchronous is not None:  # AReaL / one-off pipelining on rollout + trainer sub-meshes (docs/async.md)
+    from jaxrl.rl._async import AsyncRLTrainer
+    trainer = AsyncRLTrainer(cfg)
+  else:
+    trainer = RLTrainer(cfg)
   try:
     out = trainer.run()
   finally:

@@ -14,7 +14,8 @@ from jaxrl import losses, models, sharding, train
 from jaxrl.models._source import ModelSource
 from jaxrl.rewards import RewardRunnerConfig
 from jaxrl.rl import _validate
-from jaxrl.sft import CheckpointConfig
+from jaxrl.rl._critic import CriticConfig
+from jaxrl.rl._async_config import AsyncConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,11 +106,17 @@ class EngineConfig:
   "Most decode steps per device call (a call also ends when a row finishes)."
   prefill_rows: int = 4
   "Prompts per prefill program."
+  prefill_chunk: int | None = None
+  ("Prefill long prompts this many tokens (a multiple of `block_size`) per scheduling round, decoding the "
+   "running rows between chunks; null: whole prompts.")
 
   def __post_init__(self):
     for key in ("num_slots", "block_size", "steps_per_call", "prefill_rows"):
       if getattr(self, key) < 1:
         raise ValueError(f"rollout.engine.{key} must be >= 1, got {getattr(self, key)!r}")
+    if self.prefill_chunk is not None and (self.prefill_chunk < 1 or self.prefill_chunk % self.block_size):
+      raise ValueError(f"rollout.engine.prefill_chunk must be a positive multiple of block_size={self.block_size}, "
+                       f"got {self.prefill_chunk!r}")
     if (self.kv_cache_bytes is None) == (self.kv_cache_fraction is None):
       raise ValueError("rollout.engine: set exactly one of kv_cache_bytes and kv_cache_fraction")
     if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
@@ -199,6 +206,8 @@ class RewardSection:
 class AlgorithmConfig:
   """Advantage, objective, aggregation, KL and the update schedule; names index `jaxrl.losses`."""
 
+  TREE_ROLLOUTS = False  # class attribute, not a key: True in jaxrl.envs, whose rollouts supply prefix_ids
+
   advantage: str = "grpo"
   "A key of jaxrl.losses.ADVANTAGES."
   advantage_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -235,7 +244,9 @@ class AlgorithmConfig:
                        f"known: {list(losses.AGGREGATION_MODES)}")
     if self.kl_estimator not in losses.KL:
       raise ValueError(f"algorithm.kl_estimator: unknown {self.kl_estimator!r}; known: {sorted(losses.KL)}")
-    _validate.check_advantage(self.advantage, self.advantage_kwargs)
+    # gae/egae pass here; RLConfig checks that a `critic:` section supplies their values.
+    _validate.check_advantage(self.advantage, self.advantage_kwargs,
+                              critic=self.advantage in _validate.CRITIC_ESTIMATORS, tree=self.TREE_ROLLOUTS)
     _validate.check_objective(self.objective, self.objective_kwargs)
     for key in ("ppo_epochs", "mini_batches", "logprob_chunk_size"):
       if getattr(self, key) < 1:
@@ -333,7 +344,9 @@ class RLConfig:
   steps: int = 100
   "RL steps (rollout + updates)."
   eval: RLEvalConfig = dataclasses.field(default_factory=RLEvalConfig)
-  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+  checkpoint: train.CheckpointConfig = dataclasses.field(default_factory=train.CheckpointConfig)
+  guards: train.GuardConfig = dataclasses.field(default_factory=train.GuardConfig)
+  "Non-finite updates: skipped and counted; abort after guards.max_consecutive_skips in a row."
   mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
   out_dir: str = "runs/rl"
   seed: int = 0
@@ -343,10 +356,17 @@ class RLConfig:
   tensorboard: bool = True
   plan: PlanSection = dataclasses.field(default_factory=PlanSection)
   "Targets and model shapes for ``jaxrl plan`` (ignored by training)."
+  critic: CriticConfig | None = None
+  "A value model for PPO with GAE (algorithm.advantage gae/egae; docs/rl.md); null: critic-free."
+  asynchronous: AsyncConfig | None = None
+  "Asynchronous RL (AReaL / one-off pipelining) on rollout and trainer sub-meshes (docs/async.md); null: synchronous."
 
   def __post_init__(self):
     if self.steps < 1:
       raise ValueError(f"steps must be >= 1, got {self.steps!r}")
+    _validate.check_critic(self.algorithm.advantage, self.algorithm.advantage_kwargs, self.critic is not None)
+    if self.asynchronous is not None:
+      self.asynchronous.check(self)
     if self.rollout.prompts_per_step % self.algorithm.mini_batches:
       raise ValueError(f"algorithm.mini_batches={self.algorithm.mini_batches} must divide "
                        f"rollout.prompts_per_step={self.rollout.prompts_per_step}")

@@ -28,6 +28,8 @@ class Rollout:
   rewards: np.ndarray  # [N] float32 rewards used for advantages (task + penalties)
   task_rewards: np.ndarray  # [N] float32 the reward function's values
   texts: tuple[str, ...]
+  policy_mask: np.ndarray | None = None  # [N, L] float32: 1 on policy tokens, 0 on environment/tool tokens
+  prefix_ids: np.ndarray | None = None  # [N, L] int32 shared-prefix tree nodes (ARPO), -1 = not shared
 
   @property
   def num_samples(self) -> int:
@@ -50,7 +52,9 @@ class Rollout:
     return Rollout(
         prompt_ids=tuple(self.prompt_ids[r] for r in rows), tokens=self.tokens[rows], logprobs=self.logprobs[rows],
         lengths=self.lengths[rows], truncated=self.truncated[rows], group_ids=new_id[self.group_ids[rows]],
-        rewards=self.rewards[rows], task_rewards=self.task_rewards[rows], texts=tuple(self.texts[r] for r in rows))
+        rewards=self.rewards[rows], task_rewards=self.task_rewards[rows], texts=tuple(self.texts[r] for r in rows),
+        policy_mask=None if self.policy_mask is None else self.policy_mask[rows],
+        prefix_ids=None if self.prefix_ids is None else self.prefix_ids[rows])
 
 
 def concat_rollouts(parts: list[Rollout]) -> Rollout:
@@ -60,6 +64,17 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
   width = max(p.tokens.shape[1] for p in parts)
   pad = lambda a, fill: np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill)
   offsets = np.cumsum([0] + [p.num_groups for p in parts[:-1]])
+  extra = {}  # multi-turn fields: policy mask (1 where absent) and prefix ids (made unique per part)
+  if any(p.policy_mask is not None for p in parts):
+    extra["policy_mask"] = np.concatenate([pad(p.policy_mask if p.policy_mask is not None else
+                                               np.ones(p.tokens.shape, np.float32), 0.0) for p in parts])
+  if any(p.prefix_ids is not None for p in parts):
+    ids, base = [], 0
+    for p in parts:
+      x = p.prefix_ids if p.prefix_ids is not None else np.full(p.tokens.shape, -1, np.int32)
+      ids.append(pad(np.where(x >= 0, x + base, -1).astype(np.int32), -1))
+      base += int(x.max()) + 1 if x.size and x.max() >= 0 else 0
+    extra["prefix_ids"] = np.concatenate(ids)
   return Rollout(
       prompt_ids=tuple(x for p in parts for x in p.prompt_ids),
       tokens=np.concatenate([pad(p.tokens, 0) for p in parts]),
@@ -69,7 +84,7 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
       group_ids=np.concatenate([p.group_ids + o for p, o in zip(parts, offsets)]).astype(np.int32),
       rewards=np.concatenate([p.rewards for p in parts]),
       task_rewards=np.concatenate([p.task_rewards for p in parts]),
-      texts=tuple(t for p in parts for t in p.texts))
+      texts=tuple(t for p in parts for t in p.texts), **extra)
 
 
 def informative_groups(rewards: np.ndarray, group_ids: np.ndarray, num_groups: int) -> np.ndarray:
@@ -90,6 +105,8 @@ def informative_groups(rewards: np.ndarray, group_ids: np.ndarray, num_groups: i
 def loss_mask(rollout: Rollout, *, overlong_filter: bool) -> np.ndarray:  # [N, L] float32
   """The response mask, with truncated responses removed when ``overlong_filter`` is on."""
   mask = rollout.response_mask()
+  if rollout.policy_mask is not None:  # environment / tool tokens are never trained on nor counted
+    mask = mask * rollout.policy_mask
   if overlong_filter:
     mask = np.asarray(losses.overlong_filter_mask(mask, rollout.truncated))
   return mask
@@ -107,6 +124,9 @@ def compute_advantages(rollout: Rollout, *, name: str, options: dict[str, Any]) 
   params = inspect.signature(fn).parameters
   if "num_groups" in params and "num_groups" not in kwargs:
     kwargs["num_groups"] = max(rollout.num_groups, 1)
+  if "prefix_ids" in params and "prefix_ids" not in kwargs:  # ARPO's shared-prefix tree (jaxrl.envs);
+    tree = rollout.prefix_ids  # without branching no token is shared: arpo_hard / arpo_soft are GRPO
+    kwargs["prefix_ids"] = jnp.asarray(tree if tree is not None else np.full(rollout.tokens.shape, -1, np.int32))
   adv, metrics = fn(rewards=jnp.asarray(rollout.rewards), group_ids=jnp.asarray(rollout.group_ids),
                     response_mask=jnp.asarray(rollout.response_mask()), **kwargs)
   return np.asarray(adv, np.float32), {f"advantage/{k}": float(v) for k, v in metrics.items()}

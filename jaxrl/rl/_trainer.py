@@ -41,6 +41,7 @@ from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sampling, sharding, train
 from jaxrl.rewards import RewardRunner
+from jaxrl.rl import _critic
 from jaxrl.rl._config import RLConfig
 from jaxrl.rl._loss import MICRO_VECTOR_PREFIX, make_logprob_fn, make_loss_fn, make_prepare
 from jaxrl.rl._packing import PackedBatch, pack_sequences, pad_micro_batches
@@ -73,7 +74,8 @@ class RLTrainer:
   update: ratio min/max, log-prob difference, loss...).
   """
 
-  def __init__(self, cfg: RLConfig):
+  def __init__(self, cfg: RLConfig, *, devices=None):
+    # devices: the trainer's device set (default all); the async trainer passes its trainer sub-mesh.
     self.cfg = cfg
     self.out_dir = Path(cfg.out_dir)
     self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +88,7 @@ class RLTrainer:
     if self.procs > 1 and getattr(cfg.rollout, "engine", None) is not None:
       raise ValueError("rollout.engine: the continuous-batching engine runs on one process only so far; set "
                        "rollout.engine=null on several processes (jaxrl.sampling.Sampler is multi-process)")
-    self.mesh = cfg.mesh.build()
+    self.mesh = cfg.mesh.build(devices)
     self.rules = cfg.mesh.logical_rules()
     self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
     model = cfg.model.build(mesh=self.mesh, rules=self.rules)
@@ -104,11 +106,13 @@ class RLTrainer:
       lr_scale = models.lr_scale_tree(params, cfg.lora.b_lr_ratio)
     else:
       self.graphdef, params = nnx.split(model)
-    # Without LoRA the reference is a copy of the initial weights; skipped entirely when β = 0.
+    # Without LoRA the reference is a copy of the initial weights; skipped entirely when β = 0 (loss and
+    # the critic's KL reward).
+    need_ref = algo.kl_coef > 0 or (cfg.critic is not None and cfg.critic.kl_reward_coef > 0)
     self.ref_params = (models.cast_params(params, model.cfg.dtype, copy=True)  # compute-dtype copy, on device
-                       if algo.kl_coef > 0 and cfg.lora is None else None)
+                       if need_ref and cfg.lora is None else None)
     self.ref_logprob_fn = None
-    if algo.kl_coef > 0 and cfg.lora is not None:
+    if need_ref and cfg.lora is not None:
       self.ref_logprob_fn = make_logprob_fn(self.graphdef, temperature=cfg.rollout.temperature,
                                             chunk_size=algo.logprob_chunk_size, lora=True, base_only=True)
     total_updates = cfg.steps * cfg.updates_per_step
@@ -120,6 +124,8 @@ class RLTrainer:
     self.stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
     self.rewards = RewardRunner(cfg.reward.fn, config=cfg.reward.runner, reward_kwargs=cfg.reward.kwargs)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    self.critic = (_critic.Critic(cfg, mesh=self.mesh, rules=self.rules, batch_sharding=self.batch_sharding)
+                   if cfg.critic is not None else None)  # PPO's value model (gae/egae)
     self.data_parallel = math.prod(self.mesh.shape[a] for a in self.rules.mesh_axes("batch"))
     for first in [1] + [s.start_step for s in cfg.rollout.context_schedule]:
       self.layout(first)  # every stage's micro-batch shape is checked up front
@@ -135,7 +141,10 @@ class RLTrainer:
     self.checkpointer = None
     if cfg.checkpoint.every or cfg.rollout.context_schedule:
       self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every or 10**9,
-                                             keep=cfg.checkpoint.keep)
+                                             keep=cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every,
+                                             async_save=cfg.checkpoint.async_save)
+    self.guard = train.SkipGuard(cfg.guards, log=print)  # non-finite updates (docs/reliability.md)
+    self._preempt = train.PreemptionGuard()
 
   def layout(self, step: int) -> tuple[int, int]:
     """``(row_len, rows)`` of the packed micro-batches at ``step``: the stage's row length (not the
@@ -173,7 +182,8 @@ class RLTrainer:
         self.sampler = sampling.Engine(
             model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len, num_slots=eng.num_slots,
             kv_cache_bytes=eng.kv_cache_bytes, kv_cache_fraction=eng.kv_cache_fraction, block_size=eng.block_size,
-            steps_per_call=eng.steps_per_call, prefill_rows=eng.prefill_rows, version=version)
+            steps_per_call=eng.steps_per_call, prefill_rows=eng.prefill_rows, prefill_chunk=eng.prefill_chunk,
+            version=version)
       else:
         self.sampler = sampling.Sampler(model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len,
                                         decode_impl=self.cfg.rollout.decode_impl, version=version)
@@ -318,7 +328,7 @@ class RLTrainer:
         loss_fn = models.lora_loss(loss_fn)  # (adapters, mb, base, current_as_old)
       self._steps[key] = train.make_train_step(
           loss_fn,
-          self.optimizer, micro_batches=num_micro, mesh=self.mesh, schedule=self.schedule,
+          self.optimizer, micro_batches=num_micro, mesh=self.mesh, rules=self.rules, schedule=self.schedule,
           prepare=make_prepare(cfg.algorithm, num_groups=cfg.rollout.prompts_per_step, max_len=max_len))
     return self._steps[key]
 
@@ -358,7 +368,10 @@ class RLTrainer:
     g0, r0 = int(groups[:self.pid].sum()), int(samples[:self.pid].sum())
     everything = self._global_view(rollout)
     mask_all = loss_mask(everything, overlong_filter=cfg.rollout.overlong_filter)
-    adv_all, metrics = compute_advantages(everything, name=algo.advantage, options=algo.advantage_kwargs)
+    if self.critic is None:
+      adv_all, metrics = compute_advantages(everything, name=algo.advantage, options=algo.advantage_kwargs)
+    else:  # GAE needs the critic's values of the packed batches: filled in by update() (Critic.fill)
+      adv_all, metrics = np.zeros_like(mask_all), {}
     mine = slice(r0, r0 + rollout.num_samples)
     local = dataclasses.replace(rollout, group_ids=(rollout.group_ids + g0).astype(np.int32))
     seqs = sequence_fields(local, adv_all[mine], mask_all[mine])
@@ -374,6 +387,8 @@ class RLTrainer:
       pb = pad_micro_batches(pb, int(sharding.allgather_scalar(pb.shape[0]).max()))
       pb.arrays["mb_index"] = pb.arrays["mb_index"][..., None]
       packed.append(pb)
+      if self.critic is not None:
+        self.critic.note(pb, idx, local)
     tokens = sharding.allgather_rows({"t": np.asarray([p.tokens for p in packed], np.int64)})[0]["t"]
     tokens = tokens.reshape(self.procs, len(packed)).sum(0)  # [mini-batches] global real tokens
     metrics["advantage/abs_mean"] = float(np.abs(adv_all).sum() / max(mask_all.sum(), 1.0))
@@ -398,6 +413,8 @@ class RLTrainer:
       elif self.ref_logprob_fn is not None:  # LoRA: the base with adapters off
         batch["ref_logprobs"] = self._forward(self.state.params, batch, m, fn=self.ref_logprob_fn)
       batches.append(batch)
+    if self.critic is not None:  # values → GAE advantages, returns and old values of every mini-batch
+      metrics.update(self.critic.fill(rollout, packed, batches, lambda a: self._device({"x": a})["x"]))
     max_len = algo.aggregation_max_len or cfg.rollout.stage(step)[1]
     raw = []
     for epoch in range(algo.ppo_epochs):
@@ -406,10 +423,16 @@ class RLTrainer:
         step_fn = self._step_fn(pb.shape[0], max_len)
         self.state, out = step_fn(self.state, batch, *self.frozen, jnp.asarray(current_as_old))
         raw.append(out)
+        if self.critic is not None:
+          self.critic.train(batch, pb.shape[0], max_len)
     raw = sharding.to_host(raw)
+    for out in raw:
+      self.guard.observe(step, out["skipped"], out[train.NONFINITE_KEY])
     updates = [_update_metrics(u) for u in raw]
     self.update_history.extend(dict(u, step=float(step)) for u in updates)
     metrics.update(_step_metrics(updates))
+    if self.critic is not None:
+      metrics.update(self.critic.metrics())
     return metrics
 
   # ------------------------------------------------------------------------------------------------
@@ -458,11 +481,15 @@ class RLTrainer:
 
   def _save(self, step: int, *, force: bool = False) -> None:
     if self.checkpointer is not None:
-      self.checkpointer.save(step, self.state, {"prompts": self.stream.get_state(), "step": step}, force=force)
+      self.checkpointer.save(step, _critic.checkpoint_state(self.state, self.critic),
+                             {"prompts": self.stream.get_state(), "step": step, "guards": self.guard.state()},
+                             force=force)
 
   def _restore(self, step: int | None = None) -> int:
-    got, self.state, host = self.checkpointer.restore(self.state, step)
+    got, state, host = self.checkpointer.restore(_critic.checkpoint_state(self.state, self.critic), step)
+    self.state = _critic.restore_state(state, self.critic)  # the critic's state is set in place
     self.stream.set_state(host["prompts"])
+    self.guard.set_state(host.get("guards"))
     return got
 
   def _begin_stage(self, step: int, logger: train.MetricsLogger) -> None:
@@ -494,6 +521,8 @@ class RLTrainer:
       results["eval_before"] = self.evaluate(1)
       logger.log(0, results["eval_before"])
     last = cfg.steps if until is None else min(until, cfg.steps)
+    self.guard.log = logger.note
+    preempt = self._preempt.install()  # SIGTERM/SIGINT: checkpoint after the current step, then Preempted
     for step in range(start_step + 1, last + 1):
       if cfg.rollout.stage(step)[0] != self._stage:
         self._begin_stage(step, logger)
@@ -518,7 +547,11 @@ class RLTrainer:
           results["eval_after"] = ev
       self.history.append(dict(metrics, step=float(step)))
       logger.log(step, metrics)
-      self._save(step, force=step == last)
+      signum = preempt.requested()  # once per step: every process gets the same answer
+      self._save(step, force=step == last or signum is not None)
+      if signum is not None:
+        self._stop(signum, step, logger)
+    preempt.uninstall()
     if self.checkpointer is not None:
       self.checkpointer.close()
     if start_step >= last and eval_every and last == cfg.steps:
@@ -542,8 +575,31 @@ class RLTrainer:
       (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 
-  def close(self) -> None:
+  def set_train_prompts(self, records: list[dict[str, Any]]) -> None:
+    """Trains on ``records`` from now on (prompt records as in ``data.train``; e.g. prompts built from
+    another policy's outputs, as Rubric-ARM does); the shuffled prompt stream restarts over them."""
+    self.train_prompts = EncodedPrompts(records, self.tokenizer, max_tokens=self.cfg.data.max_prompt_tokens)
+    self.stream = PromptStream(len(self.train_prompts), seed=self.cfg.data.shuffle_seed)
+
+  def set_reward(self, fn) -> None:
+    """Scores with ``fn`` (a callable, e.g. one closing over another model) instead of ``reward.fn``;
+    ``reward.kwargs`` and ``reward.runner`` still apply (use ``executor: thread`` for a closure)."""
     self.rewards.close()
+    self.rewards = RewardRunner(fn, config=self.cfg.reward.runner, reward_kwargs=self.cfg.reward.kwargs)
+
+  def _stop(self, signum: int, step: int, logger: train.MetricsLogger) -> None:
+    """Pre-emption: the checkpoint of ``step`` commits, then :class:`jaxrl.train.Preempted` is raised."""
+    self._preempt.uninstall()
+    if self.checkpointer is not None:
+      self.checkpointer.close()
+    logger.close(title="rl")
+    raise train.Preempted(signum, step, checkpointed=self.checkpointer is not None)
+
+  def close(self) -> None:
+    self._preempt.uninstall()  # a run that raised leaves the handlers installed until here
+    self.rewards.close()
+    from jaxrl.rewards import close_judges
+    close_judges()  # judge servers this process launched (`judge.launch`)
 
 
 def _on_mesh(tree, mesh):

@@ -3,10 +3,12 @@
 The RL trainer calls ``ADVANTAGES[name](rewards=, group_ids=, response_mask=, num_groups=,
 **advantage_kwargs)`` on each step's batch and ``OBJECTIVES[name](logprobs=, old_logprobs=,
 advantages=, loss_weights=, response_mask=, segment_ids=, entropy=, [prox_logprobs=],
-**objective_kwargs)`` in every micro-batch. An estimator that needs any other per-sample input
-(critic values, greedy-baseline rewards, semantic clusters, tree prefixes) cannot run from a config,
-so it is rejected when the config loads, with the inputs it needs; so are unknown or mistyped
-keyword arguments, and reward ``kwargs`` that the reward function does not take.
+**objective_kwargs)`` in every micro-batch; with a ``critic:`` section the critic supplies the values
+(and dense rewards) of ``gae``/``egae``. An estimator that needs any other per-sample input
+(greedy-baseline rewards, semantic clusters, tree prefixes without an ``env:`` section; critic
+values without a ``critic:``) cannot run from a config, so it is rejected when the config loads,
+with the inputs it needs; so are unknown or mistyped keyword arguments, and reward ``kwargs`` that
+the reward function does not take.
 """
 
 from __future__ import annotations
@@ -24,12 +26,18 @@ from jaxrl.rewards import _base as rewards_base
 ADVANTAGE_INPUTS = frozenset({"rewards", "group_ids", "response_mask"})
 """Per-sample inputs the trainer passes to every advantage estimator (``num_groups`` too, unless set)."""
 
+TREE_INPUTS = frozenset({"prefix_ids"})
+"""Supplied by tree (ARPO) rollouts of the agentic trainer (``jaxrl.envs``, an ``env:`` section)."""
+
 OBJECTIVE_INPUTS = frozenset({"logprobs", "old_logprobs", "advantages", "loss_weights", "response_mask",
                               "segment_ids", "entropy", "prox_logprobs"})
 """Inputs the trainer passes to a policy objective (``prox_logprobs`` for ``decoupled_ppo`` only)."""
 
 CRITIC_ESTIMATORS = frozenset({"gae", "egae"})
-"""Estimators that need a value model (critic), which the RL trainer does not have."""
+"""Estimators that need a value model: runnable with a ``critic:`` section (jaxrl/rl/_critic.py)."""
+
+CRITIC_INPUTS = frozenset({"values", "token_rewards", "finished", "bootstrap_values"})
+"""Inputs of the critic estimators that the critic supplies (``jaxrl.rl._critic.gae_advantages``)."""
 
 _ONE_OF = {"seed_grpo": ("semantic_entropy", "cluster_ids")}
 """Estimators whose per-sample input is one of several optional arrays (the signature cannot say)."""
@@ -44,15 +52,18 @@ def _required(fn) -> list[str]:
           if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
 
 
-def advantage_needs(name: str) -> str | None:
-  """What estimator ``name`` needs beyond the trainer's inputs, or None if a config can run it."""
+def advantage_needs(name: str, *, critic: bool = False, tree: bool = False) -> str | None:
+  """What estimator ``name`` needs beyond the trainer's inputs (with a ``critic:`` section if
+  ``critic``), or None if a config can run it."""
   fn = losses.ADVANTAGES[name]
   if name in CRITIC_ESTIMATORS:
-    missing = [n for n in _required(fn) if n not in ADVANTAGE_INPUTS]
-    return (f"a value model (critic) for its per-sample inputs {missing}; the RL trainer has no critic, "
-            f"use a critic-free estimator (grpo, rloo, reinforce_pp, ...)")
+    if critic:
+      return None
+    return ("a value model for its per-token values: add a `critic:` section (docs/rl.md, PPO with a critic), "
+            "or use a critic-free estimator (grpo, rloo, reinforce_pp, ...)")
   hints = get_type_hints(fn)
-  missing = [n for n in _required(fn) if n not in ADVANTAGE_INPUTS and _is_array(hints.get(n))]
+  supplied = ADVANTAGE_INPUTS | (TREE_INPUTS if tree else frozenset())
+  missing = [n for n in _required(fn) if n not in supplied and _is_array(hints.get(n))]
   if name in _ONE_OF:
     missing.append(" or ".join(_ONE_OF[name]))
   if not missing:
@@ -60,19 +71,32 @@ def advantage_needs(name: str) -> str | None:
   return f"per-sample inputs the RL trainer does not supply: {', '.join(missing)}"
 
 
-def check_advantage(name: str, kwargs: dict[str, Any]) -> None:
-  """Raises ``ConfigError`` naming the key if ``algorithm.advantage``/``advantage_kwargs`` cannot run."""
-  needs = advantage_needs(name)
+def check_advantage(name: str, kwargs: dict[str, Any], *, critic: bool = False, tree: bool = False) -> None:
+  """Raises ``ConfigError`` naming the key if ``algorithm.advantage``/``advantage_kwargs`` cannot run
+  (``critic``: a ``critic:`` section supplies the values of ``gae``/``egae``)."""
+  needs = advantage_needs(name, critic=critic, tree=tree)
   if needs is not None:
     raise config_lib.ConfigError(f"algorithm.advantage: {name!r} needs {needs}")
   fn = losses.ADVANTAGES[name]
   hints = get_type_hints(fn)
   arrays = {n for n in inspect.signature(fn).parameters if _is_array(hints.get(n))}
+  supplied = ADVANTAGE_INPUTS | (CRITIC_INPUTS if name in CRITIC_ESTIMATORS else frozenset()) | (
+      TREE_INPUTS if tree else frozenset())
   config_lib.check_kwargs(fn, kwargs, key="algorithm.advantage_kwargs", what=f"advantage {name!r}",
-                          reserved=ADVANTAGE_INPUTS | arrays | {"axis_name", "global_moments"})
+                          reserved=supplied | arrays | {"axis_name", "global_moments"})
   for n in _required(fn):
-    if n not in ADVANTAGE_INPUTS and n not in kwargs:
+    if n not in supplied and n not in kwargs:
       raise config_lib.ConfigError(f"algorithm.advantage_kwargs.{n} is required by advantage {name!r}")
+
+
+def check_critic(advantage: str, kwargs: dict[str, Any], has_critic: bool) -> None:
+  """Raises ``ConfigError`` if ``algorithm.advantage`` needs a ``critic:`` section that is missing, or
+  if a ``critic:`` section is given to an estimator that does not use values."""
+  if advantage in CRITIC_ESTIMATORS and not has_critic:
+    check_advantage(advantage, kwargs, critic=False)
+  if has_critic and advantage not in CRITIC_ESTIMATORS:
+    raise config_lib.ConfigError(f"critic: set, but algorithm.advantage {advantage!r} does not use values; "
+                                 f"use one of {sorted(CRITIC_ESTIMATORS)} or remove the critic section")
 
 
 def check_objective(name: str, kwargs: dict[str, Any]) -> None:

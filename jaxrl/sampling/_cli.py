@@ -22,9 +22,21 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
   p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
+  p.add_argument("--param-dtype", default=None, choices=["float32", "bfloat16"],
+                 help="weight storage dtype (default: the compute dtype; only training needs float32 masters)")
   p.add_argument("--logprobs", action="store_true", help="print each token with its log-prob")
   p.add_argument("--top-logprobs", type=int, default=0, help="with --logprobs, also the k most likely tokens")
   return p
+
+
+def load_inference_model(model_dir, *, dtype: str | None = None, param_dtype: str | None = None):
+  """A checkpoint loaded for inference only (``jaxrl sample``, ``jaxrl serve``): weights stored in the
+  compute dtype unless ``param_dtype`` says otherwise, so no float32 master copy (which only training
+  needs) sits beside the sampler's compute-dtype weights."""
+  from jaxrl import models
+  if param_dtype is None:
+    param_dtype = models.config_from_dir(model_dir, dtype=dtype).dtype
+  return models.load_pretrained(model_dir, dtype=dtype, param_dtype=param_dtype)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
   try:
     tokenizer = models.load_tokenizer(args.tokenizer or args.model)
-    model = models.load_pretrained(args.model, dtype=args.dtype)
+    model = load_inference_model(args.model, dtype=args.dtype, param_dtype=args.param_dtype)
     prompts = args.prompt
     if args.chat:
       prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,

@@ -12,7 +12,9 @@ Schedule (host side, between device programs):
   2. waiting rows are admitted into free slots: the prompts of newly admitted groups are prefilled
      (one jitted program per (rows, length) bucket; a group's ``n`` samples share the prompt's full
      blocks and copy its last, partial block), and preempted or interrupted rows recompute the cache
-     of their prompt plus the tokens they already generated;
+     of their prompt plus the tokens they already generated; with ``prefill_chunk`` each round runs
+     one chunk of every such row, so a long prompt is prefilled across rounds while the running rows
+     keep decoding;
   3. every running row gets the blocks its next steps write; when the pool is empty the most
      recently admitted row is *preempted* (blocks freed, tokens kept, requeued at the front, its
      cache recomputed when it is readmitted) — never a failure, never a truncation;
@@ -74,6 +76,10 @@ class Request:
   seed: int = 0
   request_id: int = 0
   "With the seed, fixes the row's draws (as ``request_ids`` in :meth:`Sampler.generate`)."
+  top_logprobs: int = 0
+  "Also return the ``k`` most likely tokens per step (at most the engine's ``max_top_logprobs``)."
+  entropy: bool = False
+  "Also return the per-token entropy of ``softmax(logits / T)`` (needs an engine with ``entropy=True``)."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,9 @@ class Completion:
   finish_reason: str  # "eos" | "stop" | "length"
   index: int = 0
   "Position of this row among the rows of its :meth:`Engine.submit` call (``request·n + sample``)."
+  top_ids: np.ndarray | None = None  # [len, k] int32, when the request asked for top_logprobs=k
+  top_logprobs: np.ndarray | None = None  # [len, k] float32: log_softmax(logits / T), untruncated
+  entropy: np.ndarray | None = None  # [len] float32, when the request asked for it
 
 
 @dataclasses.dataclass
@@ -100,6 +109,8 @@ class EngineMetrics:
   decode_steps: int = 0
   generated_tokens: int = 0
   prefill_tokens: int = 0
+  prefill_calls: int = 0
+  "Prefill program calls (one per chunk of up to ``prefill_rows`` rows)."
   recomputed_tokens: int = 0
   preemptions: int = 0
   interruptions: int = 0
@@ -114,6 +125,8 @@ class _Group:
 
   blocks: list[int] | None = None
   left: int = 0
+  prefilling: bool = False  # the first sample's prompt is being prefilled; the others wait in slots
+  shard: int = -1  # data shard of that prefill
 
 
 @dataclasses.dataclass
@@ -129,12 +142,25 @@ class _Row:
   logprobs: list[float] = dataclasses.field(default_factory=list)
   sampling_logprobs: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
+  entropy: list[float] = dataclasses.field(default_factory=list)
+  top_ids: list[list[int]] = dataclasses.field(default_factory=list)
+  top_values: list[list[float]] = dataclasses.field(default_factory=list)
   slot: int = -1
   blocks: list[int] = dataclasses.field(default_factory=list)
   n_gen: int = 0  # generated tokens (device value, mirrored after each call)
   first_token: float | None = None
   admitted_at: int = 0
   started: bool = False  # counted against its group (admitted at least once)
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+  """A row whose cache is being written, ``prefill_chunk`` tokens per scheduling round."""
+
+  row: _Row
+  seq: list[int]  # the tokens to cache: prompt + generated, but the pending last one
+  recompute: bool  # the row already sits in its slot (a weight update); otherwise install when done
+  done: int = 0  # tokens of ``seq`` cached so far
 
 
 class _Slots(NamedTuple):
@@ -156,6 +182,9 @@ class _Slots(NamedTuple):
   top_p: jax.Array  # [S] float32
   min_p: jax.Array  # [S] float32
   max_new: jax.Array  # [S] int32
+  entropy: jax.Array | None = None  # [S, G] float32 (an engine built with entropy=True)
+  top_ids: jax.Array | None = None  # [S, G, k] int32 (k = the engine's max_top_logprobs)
+  top_values: jax.Array | None = None  # [S, G, k] float32
 
 
 def cache_block_bytes(cfg: models.ModelConfig, block_size: int, dtype) -> int:
@@ -192,10 +221,16 @@ class Engine:
       memory, where the backend reports it).
     steps_per_call: most decode steps per device call (a call also ends when a row finishes).
     prefill_rows: rows per prefill program (prompts are prefilled in groups of this many).
+    prefill_chunk: prefill long sequences this many tokens (a multiple of ``block_size``) per
+      scheduling round, with a decode call of the running rows between chunks, so admitting a long
+      prompt does not stall decoding; ``None``: whole sequences. Results do not depend on it.
     eos_token_ids, pad_token_id, cache_dtype, add_special_tokens, version, unstack_layers: as in
       :class:`jaxrl.sampling.Sampler`.
     paged_impl: paged attention implementation (``"auto"`` or one of
       :data:`jaxrl.kernels.PAGED_IMPLS`); default from the model's ``attention_impl``.
+    max_top_logprobs: most ``Request.top_logprobs`` (``generate(return_top_logprobs=)``); the slots then
+      hold ``[num_slots, max_len, k]`` ids and log-probs, and every decode step takes the top ``k``.
+    entropy: compute the per-token entropy (``Request.entropy``, ``generate(return_entropy=True)``).
     row_tile: decode (and sample) the slots in a scan over tiles of this many rows (a divisor of
       ``num_slots``; on a mesh, a multiple of the cache-batch shards). With ``row_tile=1`` every
       row's arithmetic has the same shapes whatever ``num_slots`` and the slot it lands in, so
@@ -210,7 +245,8 @@ class Engine:
                prefill_rows: int = 4, eos_token_ids: Sequence[int] | None = None, pad_token_id: int | None = None,
                cache_dtype: str | None = None, add_special_tokens: bool = True, version: int = 0,
                unstack_layers: bool | None = None, paged_impl: str | None = None, min_bucket: int = 8,
-               row_tile: int | None = None):
+               row_tile: int | None = None, prefill_chunk: int | None = None, max_top_logprobs: int = 0,
+               entropy: bool = False):
     for key, val in (("num_slots", num_slots), ("max_len", max_len), ("block_size", block_size),
                      ("steps_per_call", steps_per_call), ("prefill_rows", prefill_rows)):
       if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -219,6 +255,16 @@ class Engine:
       raise ValueError(f"row_tile: must be a positive divisor of num_slots={num_slots}, got {row_tile!r}")
     if max_len < 2:
       raise ValueError(f"max_len: must be >= 2, got {max_len!r}")
+    if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                      or prefill_chunk < 1 or prefill_chunk % block_size):
+      raise ValueError(f"prefill_chunk: must be a positive multiple of block_size={block_size}, got "
+                       f"{prefill_chunk!r}")
+    self.prefill_chunk = prefill_chunk
+    if isinstance(max_top_logprobs, bool) or not isinstance(max_top_logprobs, int) or not \
+        0 <= max_top_logprobs <= model.cfg.vocab_size:
+      raise ValueError(f"max_top_logprobs: must be an int in [0, vocab_size={model.cfg.vocab_size}], got "
+                       f"{max_top_logprobs!r}")
+    self.max_top_logprobs, self.entropy = max_top_logprobs, bool(entropy)
     if sum(x is not None for x in (kv_cache_bytes, num_blocks, kv_cache_fraction)) != 1:
       raise ValueError("give exactly one of kv_cache_bytes, num_blocks, kv_cache_fraction")
     self.cfg = model.cfg
@@ -278,7 +324,7 @@ class Engine:
     self.version = int(version)
     self._programs = _programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
                                self.cache_dtype, self.paged_impl, self.num_slots, self.max_len, self.max_blocks,
-                               self.num_blocks, self.block_size, row_tile)
+                               self.num_blocks, self.block_size, row_tile, max_top_logprobs, self.entropy)
     self.pages, self.slots = self._programs.init()
     self.pool = BlockPool(num_blocks, self.dp)
     self._stops, self._stop_strings = _s.Sampler._stops(self, (), ())
@@ -288,6 +334,8 @@ class Engine:
     self._finished: collections.deque[Completion] = collections.deque()
     self._admissions = 0
     self._holding: list[_Group] = []  # groups holding prompt blocks for samples still to admit
+    self._jobs: list[_Job] = []  # admitted rows whose cache is being prefilled (chunk by chunk)
+    self._parked: list[_Row] = []  # samples holding a slot until their group's prompt is prefilled
     self._started: float | None = None
     self.metrics = EngineMetrics()
 
@@ -309,7 +357,8 @@ class Engine:
     m = self.metrics
     ttft = m.time_to_first_token
     return {"busy_slots": float(len(self._running)), "cache_use": self.pool.used / self.num_blocks,
-            "queue_length": float(len(self._waiting)), "preemptions": float(m.preemptions),
+            "queue_length": float(len(self._waiting)), "prefilling": float(len(self._jobs)),
+            "preemptions": float(m.preemptions),
             "interruptions": float(m.interruptions), "decode_steps": float(m.decode_steps),
             "slot_occupancy": m.busy_slot_steps / max(m.decode_steps * self.num_slots, 1),
             "tokens_per_s": m.generated_tokens / max(m.decode_seconds, 1e-9),
@@ -318,8 +367,8 @@ class Engine:
 
   @property
   def idle(self) -> bool:
-    """No waiting or running rows."""
-    return not self._waiting and not self._running
+    """No waiting, prefilling or running rows."""
+    return not self._waiting and not self._running and not self._jobs and not self._parked
 
   def submit(self, requests: Sequence[Request]) -> None:
     """Queues requests (rows ``request·n + sample`` of this call get ``Completion.index``)."""
@@ -330,6 +379,11 @@ class Engine:
       if not isinstance(r, Request):
         raise TypeError(f"submit: expected Request objects, got {type(r).__name__}")
       _check_request(r)
+      if r.top_logprobs > self.max_top_logprobs:
+        raise ValueError(f"Request.top_logprobs: {r.top_logprobs} exceeds the engine's max_top_logprobs="
+                         f"{self.max_top_logprobs}")
+      if r.entropy and not self.entropy:
+        raise ValueError("Request.entropy: the engine was built without entropy=True")
       group = _Group(left=r.n)
       max_new = min(r.max_new_tokens, self.max_len - len(ids))
       for j in range(r.n):
@@ -348,6 +402,13 @@ class Engine:
       if self.idle:
         return
       self.step()
+
+  def pop_finished(self) -> list[Completion]:
+    """The rows that ended in the scheduling rounds run so far, without stepping (for callers that
+    drive :meth:`step` themselves, one round at a time, as the asynchronous trainer does)."""
+    out = list(self._finished)
+    self._finished.clear()
+    return out
 
   def update_weights(self, model, version: int | None = None, *, mode: str = "interrupt") -> None:
     """New weights from the next decode step on (same architecture and shapes: no recompilation).
@@ -371,12 +432,17 @@ class Engine:
     self.params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, self.params))
     for g in list(self._holding):  # prompt caches of the old weights: later samples prefill again
       self._drop_group(g)
+    for job in self._jobs:  # partly prefilled with the old weights: start again
+      job.done = 0
     self.version = self.version + 1 if version is None else int(version)
     if mode == "interrupt" and self._running:
       rows = list(self._running.values())
       self._sync_tokens(rows)
       self.metrics.interruptions += len(rows)
-      self._prefill([(row, row.blocks) for row in rows], recompute=True)
+      jobs = [_Job(row=row, seq=(row.prompt + row.tokens)[:-1], recompute=True) for row in rows]
+      while jobs:
+        finished = self._prefill_chunks(jobs)
+        jobs = [j for j in jobs if j not in finished]
 
   def set_weights(self, model, *, version: int | None = None) -> None:
     """:meth:`Sampler.set_weights`'s signature: :meth:`update_weights` with in-flight rows interrupted."""
@@ -389,12 +455,18 @@ class Engine:
                return_state: bool = False) -> _s.SampleOutput:
     """:meth:`jaxrl.sampling.Sampler.generate`'s contract, served by the engine (same rows, same draws).
 
-    ``return_top_logprobs``, ``return_entropy``, ``max_steps`` and ``return_state`` are not
+    ``return_top_logprobs`` needs an engine built with ``max_top_logprobs`` at least that large and
+    ``return_entropy`` one built with ``entropy=True``. ``max_steps`` and ``return_state`` are not
     served by the engine (use :class:`Sampler`); they must keep their defaults.
     """
-    if return_top_logprobs or return_entropy or max_steps is not None or return_state:
-      raise ValueError("Engine.generate: return_top_logprobs, return_entropy, max_steps and return_state are "
-                       "Sampler-only options")
+    if max_steps is not None or return_state:
+      raise ValueError("Engine.generate: max_steps and return_state are Sampler-only options")
+    if isinstance(return_top_logprobs, bool) or not isinstance(return_top_logprobs, (int, np.integer)) or \
+        not 0 <= return_top_logprobs <= self.max_top_logprobs:
+      raise ValueError(f"return_top_logprobs: must be an int in [0, max_top_logprobs={self.max_top_logprobs}] "
+                       f"(an Engine argument), got {return_top_logprobs!r}")
+    if return_entropy and not self.entropy:
+      raise ValueError("return_entropy: the engine was built without entropy=True")
     if not self.idle:
       raise RuntimeError("Engine.generate needs an idle engine; use submit/completions while it is busy")
     ids = _s.Sampler._encode_prompts(self, prompts)
@@ -414,9 +486,10 @@ class Engine:
     self.set_stops(stop_token_ids, stop_strings)
     self.submit([Request(prompt=p, n=n, max_new_tokens=max_new_tokens, temperature=float(temp[i]),
                          top_p=float(tp[i]), top_k=int(tk[i]), min_p=float(mp[i]), seed=int(seed),
-                         request_id=int(rid[i])) for i, p in enumerate(ids)])
+                         request_id=int(rid[i]), top_logprobs=int(return_top_logprobs),
+                         entropy=bool(return_entropy)) for i, p in enumerate(ids)])
     rows = {c.index: c for c in self.completions()}
-    return self._output(rows, count, n, max_new_tokens)
+    return self._output(rows, count, n, max_new_tokens, int(return_top_logprobs), bool(return_entropy))
 
   def set_stops(self, stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = ()) -> None:
     """Stop tokens / strings (besides eos) for the rows decoded from now on; only while idle."""
@@ -438,7 +511,7 @@ class Engine:
     if admit:
       self._admit()
     if not self._running:
-      if self._waiting:
+      if self._waiting and not self._jobs and not self._parked:
         raise RuntimeError("engine: no row could be admitted into an empty engine (cache too small)")
       return
     steps = self._reserve()
@@ -472,59 +545,68 @@ class Engine:
       self._retire(ended)
 
   def _admit(self) -> None:
-    """Fills free slots from the queue (FIFO): prefills new prompts and recomputes resumed rows in
-    batches, then forks the other samples of each prefilled prompt from its blocks."""
-    free = [s for s in range(self.num_slots) if s not in self._running]
-    prefill: list[tuple[_Row, list[int]]] = []
-    forks: list[_Row] = []
-    prefilling: set[int] = set()  # groups whose first sample is prefilled in this round
+    """Fills free slots from the queue (FIFO), runs one prefill chunk of every admitted row whose cache
+    is not complete, installs the rows whose cache is, and forks the other samples of each prefilled
+    prompt from its blocks."""
+    taken = set(self._running) | {j.row.slot for j in self._jobs} | {r.slot for r in self._parked}
+    free = [s for s in range(self.num_slots) if s not in taken]
     while self._waiting and free:
       row = self._waiting[0]
       slot = self._pick_slot(free, row)
       fresh = not row.tokens
-      if fresh and (row.group.blocks is not None or id(row.group) in prefilling):
-        forks.append(row)  # blocks planned once the group's prefill has run
-        row.slot = slot
+      g = row.group
+      if fresh and (g.blocks is not None or g.prefilling):
+        row.slot = slot  # blocks planned once the group's prefill has run
+        self._parked.append(row)
       else:
         cached = len(row.prompt) + len(row.tokens) - 1
         need = blocks_for(cached + 1, self.block_size)
         blocks = self.pool.allocate(self._shard(slot), need)
-        if blocks is None and self._holding and not self._running and not prefill and not forks:
-          for g in list(self._holding):  # an empty engine: prompt blocks held for later samples go first
-            self._drop_group(g)
+        if blocks is None and self._holding and not self._running and not self._jobs and not self._parked:
+          for h in list(self._holding):  # an empty engine: prompt blocks held for later samples go first
+            self._drop_group(h)
           blocks = self.pool.allocate(self._shard(slot), need)
         if blocks is None:
           break
         row.slot, row.blocks = slot, blocks
-        prefill.append((row, blocks))
-        if fresh and row.group.left > 1:
-          prefilling.add(id(row.group))
+        self._jobs.append(_Job(row=row, seq=(row.prompt + row.tokens)[:-1], recompute=False))
+        if fresh and g.left > 1:
+          g.prefilling, g.shard = True, self._shard(slot)
       self._waiting.popleft()
       free.remove(slot)
-    if prefill:
-      self._prefill(prefill, recompute=False)
-      for row, blocks in prefill:
+    ready = []
+    if self._jobs:
+      finished = self._prefill_chunks(self._jobs)
+      self._jobs = [j for j in self._jobs if j not in finished]
+      ready = [j.row for j in finished]
+      for row in ready:
         g = row.group
-        if not row.tokens and g.left > 1 and g.blocks is None:
-          g.blocks = blocks[:blocks_for(len(row.prompt) - 1, self.block_size)]
+        if not row.tokens and g.prefilling:
+          g.prefilling = False
+          g.blocks = row.blocks[:blocks_for(len(row.prompt) - 1, self.block_size)]
           self.pool.share(g.blocks)
           self._holding.append(g)
-    copies, ready, back = [], [], []
-    for row in forks:
-      plan = None if back else self._fork_plan(row, row.group.blocks, self._shard(row.slot))
-      if plan is None:  # no room: back to the queue (in order), the slot stays free
+    copies, forked, back, parked = [], [], [], []
+    for row in self._parked:
+      g = row.group
+      if g.prefilling:
+        parked.append(row)
+        continue
+      plan = None if back or g.blocks is None else self._fork_plan(row, g.blocks, self._shard(row.slot))
+      if plan is None:  # no room, or the group's blocks were dropped: back to the queue (in order)
         back.append(row)
         row.slot = -1
         continue
       row.blocks, pairs = plan
       copies += pairs
-      ready.append(row)
+      forked.append(row)
+    self._parked = parked
     for row in reversed(back):
       self._waiting.appendleft(row)
     if copies:
       src, dst = zip(*copies)
       self.pages = self._programs.copy(self.pages, *self._bucket_pairs(src, dst))
-    admitted = [row for row, _ in prefill] + ready
+    admitted = ready + forked
     if not admitted:
       return
     self._install(admitted)
@@ -549,8 +631,9 @@ class Engine:
 
   def _pick_slot(self, free: list[int], row: _Row) -> int:
     """A free slot, on the shard of the row's group's blocks when it has some."""
-    if row.group.blocks and self.dp > 1:
-      shard = self.pool.shard_of(row.group.blocks[0])
+    g = row.group
+    if (g.blocks or g.prefilling) and self.dp > 1:
+      shard = self.pool.shard_of(g.blocks[0]) if g.blocks else g.shard
       for s in free:
         if s // (self.num_slots // self.dp) == shard:
           return s
@@ -632,6 +715,11 @@ class Engine:
       row.logprobs = got["logprobs"][k, :n].tolist()
       row.sampling_logprobs = got["sampling_logprobs"][k, :n].tolist()
       row.versions = got["versions"][k, :n].tolist()
+      if "entropy" in got:
+        row.entropy = got["entropy"][k, :n].tolist()
+      if "top_ids" in got:
+        row.top_ids = got["top_ids"][k, :n].tolist()
+        row.top_values = got["top_values"][k, :n].tolist()
 
   def _retire(self, ended: list[tuple[int, _Row, int]]) -> None:
     rows = [row for _, row, _ in ended]
@@ -645,43 +733,53 @@ class Engine:
         cut = _s.Sampler._stop_string_end(self, tokens, self._stop_strings)
         if cut is not None and (cut < n or finish != "stop"):
           n, finish = cut, "stop"
+      k = row.request.top_logprobs
+      top = lambda a, dt: np.asarray(a[:n], dt).reshape(n, self.max_top_logprobs)[:, :k] if k else None
       self._finished.append(Completion(
           request_id=row.request.request_id, sample=row.sample, prompt=np.asarray(row.prompt, np.int32),
           tokens=tokens[:n], logprobs=np.asarray(row.logprobs[:n], np.float32),
           sampling_logprobs=np.asarray(row.sampling_logprobs[:n], np.float32),
-          versions=np.asarray(row.versions[:n], np.int32), finish_reason=finish, index=row.index))
+          versions=np.asarray(row.versions[:n], np.int32), finish_reason=finish, index=row.index,
+          top_ids=top(row.top_ids, np.int32), top_logprobs=top(row.top_values, np.float32),
+          entropy=np.asarray(row.entropy[:n], np.float32) if row.request.entropy else None))
 
   # ------------------------------------------------------------------------------------------------
   # Device programs, called from the schedule
 
-  def _prefill(self, batch: list[tuple[_Row, list[int]]], *, recompute: bool) -> None:
-    """Writes the cache of each row's sequence but its last token (prompt + generated so far)."""
-    by_bucket: dict[int, list] = collections.defaultdict(list)
-    for row, blocks in batch:
-      seq = row.prompt + row.tokens
-      bucket = max(_s.length_bucket(len(seq) - 1, minimum=self.min_bucket), self.block_size)
-      by_bucket[bucket].append((row, blocks, seq))
+  def _prefill_chunks(self, jobs: list[_Job]) -> list[_Job]:
+    """One chunk (``prefill_chunk`` tokens, or the rest) of every job's cache; returns the jobs whose
+    cache is complete. A chunk's queries read the earlier chunks' keys/values from the row's blocks."""
+    by_shape: dict[tuple[int, int], list[_Job]] = collections.defaultdict(list)
+    for job in jobs:
+      n = len(job.seq)
+      if job.done < n:
+        p = max(_s.length_bucket(n, minimum=self.min_bucket), self.block_size)  # context of the row
+        t = p - job.done if self.prefill_chunk is None else min(self.prefill_chunk, p - job.done)
+        by_shape[(p, t)].append(job)
     m = self.metrics
-    for p, items in sorted(by_bucket.items()):
+    for (p, t), items in sorted(by_shape.items()):
       for i in range(0, len(items), self.prefill_rows):
         chunk = items[i:i + self.prefill_rows]
         u = self.prefill_rows
-        toks = np.zeros((u, p), np.int32)
+        toks = np.zeros((u, t), np.int32)
+        start = np.zeros((u,), np.int32)
         n_cache = np.zeros((u,), np.int32)
         tables = np.full((u, p // self.block_size), self.num_blocks, np.int32)
-        for k, (row, blocks, seq) in enumerate(chunk):
-          toks[k, :len(seq) - 1] = seq[:-1]
-          n_cache[k] = len(seq) - 1
+        for k, job in enumerate(chunk):
+          part = job.seq[job.done:job.done + t]
+          toks[k, :len(part)] = part
+          start[k], n_cache[k] = job.done, len(job.seq)
           nb = blocks_for(n_cache[k], self.block_size)
-          tables[k, :nb] = blocks[:nb]
-          if recompute:
-            m.recomputed_tokens += int(n_cache[k])
+          tables[k, :nb] = job.row.blocks[:nb]
+          if job.recompute:
+            m.recomputed_tokens += len(part)
           else:
-            m.prefill_tokens += int(n_cache[k])
+            m.prefill_tokens += len(part)
+          job.done += len(part)
+        m.prefill_calls += 1
         self.pages = self._programs.prefill(self.params, self.pages, jnp.asarray(toks), jnp.asarray(n_cache),
-                                            jnp.asarray(tables))
-    if not recompute:
-      self._install([row for row, _ in batch])
+                                            jnp.asarray(tables), jnp.asarray(start))
+    return [job for job in jobs if job.done >= len(job.seq)]
 
   def _install(self, rows: list[_Row]) -> None:
     """Loads the rows' state (table, sampling parameters, key, tokens so far) into their slots."""
@@ -696,6 +794,11 @@ class Engine:
              sample=np.zeros((a,), np.int32), temperature=np.zeros((a,), np.float32),
              top_k=np.zeros((a,), np.int32), top_p=np.ones((a,), np.float32), min_p=np.zeros((a,), np.float32),
              max_new=np.ones((a,), np.int32))
+    if self.entropy:
+      f["entropy"] = np.zeros((a, g), np.float32)
+    if self.max_top_logprobs:
+      f["top_ids"] = np.zeros((a, g, self.max_top_logprobs), np.int32)
+      f["top_values"] = np.zeros((a, g, self.max_top_logprobs), np.float32)
     for k, row in enumerate(rows):
       r = row.request
       n = len(row.tokens)
@@ -707,6 +810,11 @@ class Engine:
       f["logprobs"][k, :n] = row.logprobs
       f["sampling_logprobs"][k, :n] = row.sampling_logprobs
       f["versions"][k, :n] = row.versions
+      if self.entropy and n:
+        f["entropy"][k, :n] = row.entropy
+      if self.max_top_logprobs and n:
+        f["top_ids"][k, :n] = row.top_ids
+        f["top_values"][k, :n] = row.top_values
       f["n_gen"][k] = n
       f["seed"][k] = r.seed % 2**32
       f["request"][k] = r.request_id
@@ -741,7 +849,8 @@ class Engine:
     d[:len(dst)] = dst
     return jnp.asarray(s), jnp.asarray(d)
 
-  def _output(self, rows: dict[int, Completion], count: int, n: int, max_new_tokens: int) -> _s.SampleOutput:
+  def _output(self, rows: dict[int, Completion], count: int, n: int, max_new_tokens: int, k_top: int = 0,
+              want_entropy: bool = False) -> _s.SampleOutput:
     total = count * n
     m = max_new_tokens
     tokens = np.full((total, m), self.pad_token_id, np.int32)
@@ -749,11 +858,18 @@ class Engine:
     slp = np.zeros((total, m), np.float32)
     versions = np.full((total, m), -1, np.int32)
     lengths = np.zeros((total,), np.int32)
+    top_ids = np.full((total, m, k_top), self.pad_token_id, np.int32)
+    top_lp = np.zeros((total, m, k_top), np.float32)
+    ent = np.zeros((total, m), np.float32)
     reasons = []
     for i in range(total):
       c = rows[i]
       k = len(c.tokens)
       tokens[i, :k], lp[i, :k], slp[i, :k], versions[i, :k] = c.tokens, c.logprobs, c.sampling_logprobs, c.versions
+      if k_top and k:
+        top_ids[i, :k], top_lp[i, :k] = c.top_ids, c.top_logprobs
+      if want_entropy:
+        ent[i, :k] = c.entropy
       lengths[i] = k
       reasons.append(c.finish_reason)
     texts = None
@@ -762,7 +878,9 @@ class Engine:
     return _s.SampleOutput(tokens=tokens, logprobs=lp, sampling_logprobs=slp, lengths=lengths, finish_reason=reasons,
                            versions=versions, prompt_lengths=np.asarray([len(rows[i].prompt) for i in range(total)],
                                                                         np.int32),
-                           prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), texts=texts)
+                           prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), texts=texts,
+                           top_logprobs=_s.TopLogprobs(ids=top_ids, logprobs=top_lp) if k_top else None,
+                           entropy=ent if want_entropy else None)
 
   # ------------------------------------------------------------------------------------------------
   # Input handling (the sampler's rules)
@@ -799,8 +917,9 @@ class _Programs:
   """The engine's jitted programs for one (model structure, mesh, shapes); shared by equal engines."""
 
   def __init__(self, graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks,
-               num_blocks, block_size, row_tile):
+               num_blocks, block_size, row_tile, top_logprobs=0, entropy=False):
     self.row_tile = row_tile
+    self.k_top, self.want_entropy = top_logprobs, entropy
     self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
     self.cache_dtype, self.paged_impl = cache_dtype, paged_impl
     self.s, self.g, self.mb, self.nb, self.bs = num_slots, max_len, max_blocks, num_blocks, block_size
@@ -808,7 +927,8 @@ class _Programs:
     page_shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     self.page_sharding = None if mesh is None else rules.sharding(_PAGE_AXES, mesh, page_shape)
     slots_abs = jax.eval_shape(self._empty_slots)
-    self.slot_sharding = None if mesh is None else _Slots(*(self._row_sharding(x.ndim) for x in slots_abs))
+    self.slot_sharding = None if mesh is None else _Slots(
+        *(None if x is None else self._row_sharding(x.ndim) for x in slots_abs))
     pages_sh = None if mesh is None else (self.page_sharding, self.page_sharding)
     jit = jax.jit
     self.init = jit(self._init, out_shardings=None if mesh is None else (pages_sh, self.slot_sharding))
@@ -834,7 +954,10 @@ class _Programs:
                   done=jnp.ones((s,), bool), reason=jnp.zeros((s,), jnp.int32),
                   keys=jax.random.split(jax.random.key(0), s), temperature=jnp.zeros((s,), jnp.float32),
                   top_k=jnp.zeros((s,), jnp.int32), top_p=jnp.ones((s,), jnp.float32),
-                  min_p=jnp.zeros((s,), jnp.float32), max_new=jnp.ones((s,), jnp.int32))
+                  min_p=jnp.zeros((s,), jnp.float32), max_new=jnp.ones((s,), jnp.int32),
+                  entropy=jnp.zeros((s, g), jnp.float32) if self.want_entropy else None,
+                  top_ids=jnp.zeros((s, g, self.k_top), jnp.int32) if self.k_top else None,
+                  top_values=jnp.zeros((s, g, self.k_top), jnp.float32) if self.k_top else None)
 
   def _init(self):
     cfg = self.cfg
@@ -849,13 +972,15 @@ class _Programs:
     keys = jax.vmap(lambda sd, q, j: jax.random.fold_in(jax.random.fold_in(jax.random.key(sd), q), j))(
         f["seed"], f["request"], f["sample"])
     def put(buf, v):
-      if v.ndim == 2 and v.shape[1] < buf.shape[1]:  # generated-so-far columns, uploaded narrow
-        v = jnp.pad(v, ((0, 0), (0, buf.shape[1] - v.shape[1])), constant_values=-1 if buf is slots.versions else 0)
+      if v.ndim >= 2 and v.shape[1] < buf.shape[1]:  # generated-so-far columns, uploaded narrow
+        widths = ((0, 0), (0, buf.shape[1] - v.shape[1])) + ((0, 0),) * (v.ndim - 2)
+        v = jnp.pad(v, widths, constant_values=-1 if buf is slots.versions else 0)
       return buf.at[idx].set(v.astype(buf.dtype), mode="drop")
 
     upd = {name: put(getattr(slots, name), f[name]) for name in
            ("tables", "prompt_len", "prompt_last", "tokens", "logprobs", "sampling_logprobs", "versions", "n_gen",
-            "temperature", "top_k", "top_p", "min_p", "max_new")}
+            "temperature", "top_k", "top_p", "min_p", "max_new", "entropy", "top_ids", "top_values")
+           if getattr(slots, name) is not None}
     upd["done"] = slots.done.at[idx].set(False, mode="drop")
     upd["reason"] = slots.reason.at[idx].set(0, mode="drop")
     upd["keys"] = slots.keys.at[idx].set(keys, mode="drop")
@@ -873,8 +998,12 @@ class _Programs:
   def _gather(self, slots: _Slots, idx) -> dict:
     self.counts["gather"] += 1
     idx = jnp.minimum(idx, self.s - 1)
-    return dict(n_gen=slots.n_gen[idx], tokens=slots.tokens[idx], logprobs=slots.logprobs[idx],
-                sampling_logprobs=slots.sampling_logprobs[idx], versions=slots.versions[idx])
+    out = dict(n_gen=slots.n_gen[idx], tokens=slots.tokens[idx], logprobs=slots.logprobs[idx],
+               sampling_logprobs=slots.sampling_logprobs[idx], versions=slots.versions[idx])
+    for name in ("entropy", "top_ids", "top_values"):
+      if getattr(slots, name) is not None:
+        out[name] = getattr(slots, name)[idx]
+    return out
 
   # -- cache -------------------------------------------------------------------------------------
 
@@ -883,27 +1012,60 @@ class _Programs:
     k, v = pages
     return (k.at[:, dst].set(k[:, src], mode="drop"), v.at[:, dst].set(v[:, src], mode="drop"))
 
-  def _prefill(self, params, pages, tokens, n_cache, tables):
-    """Runs ``tokens [U, P]`` (first ``n_cache`` valid) through the model and writes their keys/values
-    into the blocks ``tables [U, P / bs]`` (entries ``>= NB`` are dropped)."""
+  def _prefill(self, params, pages, tokens, n_cache, tables, start=None):
+    """Runs ``tokens [U, T]``, positions ``start + arange(T)`` of each row's sequence (the first
+    ``n_cache`` positions are valid), through the model and writes their keys/values into the row's
+    blocks ``tables [U, P / bs]`` (entries ``>= NB`` are dropped). Keys/values of positions before
+    ``start`` (earlier chunks) are read from those blocks. ``start`` (multiples of ``bs``, default 0)
+    keeps ``start + T <= P``; a whole-sequence prefill is ``T = P``, ``start = 0``.
+
+    Attention runs over a ``P``-slot context whatever ``T``. With ``row_tile`` (the reproducibility
+    switch) the queries run in a scan over tiles of one block, so a sequence prefilled in chunks gets
+    bit for bit the keys/values of one piece; otherwise they differ by XLA's shape-dependent rounding
+    (about one ulp).
+    """
     self.counts["prefill"] += 1
     model = nnx.merge(self.graphdef, params)
-    u, p = tokens.shape
+    u, t = tokens.shape
+    mb = tables.shape[1]
+    p = mb * self.bs
+    start = jnp.zeros((u,), jnp.int32) if start is None else start.astype(jnp.int32)
+    k_pool, v_pool = pages
+    l, _, _, kh, h = k_pool.shape
     with jax.named_scope("prefill"):
-      seg = (jnp.arange(p)[None, :] < n_cache[:, None]).astype(jnp.int32)
-      pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (u, p))
-      cache = models.KVCache.init(self.cfg, u, p, self.cache_dtype)
-      _, cache = model(tokens, positions=pos, segment_ids=seg, cache=cache, cache_start=jnp.zeros((u,), jnp.int32),
-                       return_hidden=True)
-    used = jnp.arange(p // self.bs)[None, :] < (n_cache[:, None] + self.bs - 1) // self.bs
-    ids = jnp.where(used, tables, self.nb)  # [U, P / bs]
-    l, _, _, kh, h = cache.k.shape
+      pos = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [U, T]
+      seg = (pos < n_cache[:, None]).astype(jnp.int32)
+      slot = jnp.arange(p, dtype=jnp.int32)[None, :]  # [1, P]
+      before = slot < start[:, None]  # [U, P]: cached by earlier chunks
+
+      def context(pool):  # [L, NB, bs, K, H] -> [L, U, P, K, H], zero where not yet cached
+        got = jnp.take(pool, jnp.minimum(tables, self.nb - 1), axis=1).reshape(l, u, p, kh, h)
+        return jnp.where(before[None, :, :, None, None], got, jnp.zeros((), pool.dtype))
+
+      cache = models.KVCache(k=context(k_pool), v=context(v_pool), segment_ids=before.astype(jnp.int32),
+                             positions=jnp.broadcast_to(slot, (u, p)))
+      if not self.row_tile:
+        _, cache = model(tokens, positions=pos, segment_ids=seg, cache=cache, cache_start=start, return_hidden=True)
+      else:  # reproducible: queries in tiles of one block, so every chunking computes the same tiles
+
+        def tile(carry, i):
+          cache, params = carry  # params ride in the carry: NNX modules cannot cross trace levels
+          cut = lambda x: jax.lax.dynamic_slice_in_dim(x, i * self.bs, self.bs, axis=1)
+          _, cache = nnx.merge(self.graphdef, params)(cut(tokens), positions=cut(pos), segment_ids=cut(seg),
+                                                      cache=cache, cache_start=start + i * self.bs,
+                                                      return_hidden=True)
+          return (cache, params), None
+
+        (cache, _), _ = jax.lax.scan(tile, (cache, params), jnp.arange(t // self.bs))
+    blk = jnp.arange(mb)[None, :]  # [1, P / bs]
+    first = start[:, None] // self.bs
+    used = (blk >= first) & (blk < first + t // self.bs) & (blk < (n_cache[:, None] + self.bs - 1) // self.bs)
+    ids = jnp.where(used, tables, self.nb)  # [U, P / bs]: the blocks this chunk wrote
 
     def write(pool, new):  # [L, NB, bs, K, H] <- [L, U, P, K, H]
-      return pool.at[:, ids].set(new.reshape(l, u, p // self.bs, self.bs, kh, h).astype(pool.dtype), mode="drop")
+      return pool.at[:, ids].set(new.reshape(l, u, mb, self.bs, kh, h).astype(pool.dtype), mode="drop")
 
-    k, v = pages
-    return write(k, cache.k), write(v, cache.v)
+    return write(k_pool, cache.k), write(v_pool, cache.v)
 
   # -- decode ------------------------------------------------------------------------------------
 
@@ -983,56 +1145,31 @@ class _Programs:
     logits, pages = self._step(nnx.merge(self.graphdef, params), token, pos, active, pages, slots.tables)
     rows = _s._Rows(cache=None, prompt=None, prompt_len=slots.prompt_len, tokens=slots.tokens,
                     logprobs=slots.logprobs, sampling_logprobs=slots.sampling_logprobs, versions=slots.versions,
-                    entropy=None, top_ids=None, top_values=None, n_gen=slots.n_gen, done=slots.done,
+                    entropy=slots.entropy, top_ids=slots.top_ids, top_values=slots.top_values, n_gen=slots.n_gen,
+                    done=slots.done,
                     reason=slots.reason, keys=slots.keys, temperature=slots.temperature, top_k=slots.top_k,
                     top_p=slots.top_p, min_p=slots.min_p, max_new=slots.max_new)
     rows = _s._emit(rows, logits, version, stops)
     return pages, slots._replace(tokens=rows.tokens, logprobs=rows.logprobs, sampling_logprobs=rows.sampling_logprobs,
-                                 versions=rows.versions, n_gen=rows.n_gen, done=rows.done, reason=rows.reason)
+                                 versions=rows.versions, n_gen=rows.n_gen, done=rows.done, reason=rows.reason,
+                                 entropy=rows.entropy, top_ids=rows.top_ids, top_values=rows.top_values)
 
   def _step(self, model, token, pos, active, pages, tables):
-    """One token per slot through the model (as :func:`jaxrl.sampling.decode_step`, over the paged pool)."""
-    cfg = model.cfg
-    dt = cfg.jnp_dtype
-    attend = self._attend_fn()
-    positions = pos[:, None]
-    x = jnp.take(model.embed[...], token[:, None], axis=0).astype(dt)  # [S, 1, D]
+    """One token per slot through the model's blocks (:func:`jaxrl.sampling._decode.run_blocks`), each
+    layer's attention writing into and reading from the paged pool."""
+    paged = self._attend_fn()
 
-    def block_fn(block, x, k_l, v_l):
-      attn = block.attn
-      q, k, v = _decode._project(attn, block.attn_norm(x), positions)
-      out, k_l, v_l = attend(q[:, 0], k[:, 0], v[:, 0], k_l, v_l, tables, pos, active)
-      n, h, d = attn.o_proj.shape
-      y = (out.reshape(-1, n * h) @ attn.o_proj[...].astype(dt).reshape(n * h, d))[:, None]
-      x = x + models.add_lora(attn, "o_proj", out[:, None], y)
-      x = x + block.mlp(block.mlp_norm(x))
-      return x, k_l, v_l
+    def attend(k_l, v_l):  # the layer's cache write and paged attention, for Attention.__call__
+      def fn(q, k, v):  # [S, 1, N, H], [S, 1, K, H] x2
+        out, k_l2, v_l2 = paged(q[:, 0], k[:, 0], v[:, 0], k_l, v_l, tables, pos, active)
+        return out[:, None], (k_l2, v_l2)
+      return fn
 
-    k_pages, v_pages = pages
-    if cfg.scan_layers:
-      def body(x, block, k_l, v_l):
-        x, k_l, v_l = block_fn(block, x, k_l, v_l)
-        return x, (k_l, v_l)
-      scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0),
-                      transform_metadata={nnx.PARTITION_NAME: "layers"})
-      x, (new_k, new_v) = scan(x, model.layers, k_pages, v_pages)
-    else:
-      ks, vs = [], []
-      for i, block in enumerate(model.layers):
-        x, k_l, v_l = block_fn(block, x, k_pages[i], v_pages[i])
-        ks.append(k_l)
-        vs.append(v_l)
-      new_k, new_v = jnp.stack(ks), jnp.stack(vs)
-    h = model.final_norm(x)
-    if model.lm_head is None:
-      logits = jnp.einsum("btd,vd->btv", h, model.embed[...].astype(dt), preferred_element_type=jnp.float32)
-    else:
-      logits = jnp.einsum("btd,dv->btv", h, model.lm_head[...].astype(dt), preferred_element_type=jnp.float32)
-    return logits[:, 0], (new_k, new_v)
+    return _decode.run_blocks(model, token, pos, pages, attend)
 
 
 @functools.lru_cache(maxsize=16)
 def _programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
-              block_size, row_tile) -> _Programs:
+              block_size, row_tile, top_logprobs: int = 0, entropy: bool = False) -> _Programs:
   return _Programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
-                   block_size, row_tile)
+                   block_size, row_tile, top_logprobs, entropy)

@@ -249,13 +249,17 @@ def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_
     model_name: the id listed by ``/v1/models`` (requests may name any model; it is echoed back).
     max_batch_rows, batch_wait_s: see :class:`jaxrl.serve.Batcher`.
     max_top_logprobs: most ``top_logprobs`` a request may ask for (OpenAI's limit is 20; up to the
-      vocabulary size lets a judge read the probability of every score token).
+      vocabulary size lets a judge read the probability of every score token); capped at an
+      :class:`jaxrl.sampling.Engine` backend's own ``max_top_logprobs``.
 
   The app's ``state.batcher`` is the batching queue (``batch_sizes`` records each ``generate`` call).
   """
   tokenizer = tokenizer if tokenizer is not None else backend.tokenizer
   if tokenizer is None:
     raise ValueError("create_app: the backend has no tokenizer; pass tokenizer=")
+  cap = getattr(backend, "max_top_logprobs", None)  # an Engine holds at most this many per token
+  if cap is not None:
+    max_top_logprobs = min(max_top_logprobs, cap)
   batcher = Batcher(backend, max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
   api = _Api(tokenizer, batcher, model_name, backend.max_len, max_top_logprobs)
   @contextlib.asynccontextmanager

@@ -19,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max-top-logprobs", type=int, default=20,
                  help="most top_logprobs per request (OpenAI: 20; the vocabulary size lets judges read every score token)")
   p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
+  p.add_argument("--param-dtype", default=None, choices=["float32", "bfloat16"],
+                 help="weight storage dtype (default: the compute dtype; only training needs float32 masters)")
   return p
 
 
@@ -28,11 +30,12 @@ def main(argv: list[str] | None = None) -> int:
   from pathlib import Path
 
   from jaxrl import models, sampling
+  from jaxrl.sampling._cli import load_inference_model
   from jaxrl.serve._app import ServerThread, create_app
 
   try:
     tokenizer = models.load_tokenizer(args.tokenizer or args.model)
-    model = models.load_pretrained(args.model, dtype=args.dtype)
+    model = load_inference_model(args.model, dtype=args.dtype, param_dtype=args.param_dtype)
     sampler = sampling.Sampler(model, tokenizer, max_len=args.max_len)
     app = create_app(sampler, model_name=args.served_model_name or Path(args.model).resolve().name,
                      max_batch_rows=args.max_batch_rows, batch_wait_s=args.batch_wait_ms / 1000,

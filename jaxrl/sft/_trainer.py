@@ -66,13 +66,8 @@ class EvalConfig:
   max_new_tokens: int = 32
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
-  every: int = 0
-  "Steps between checkpoints; 0 disables."
-  keep: int = 2
-  resume: Literal["auto", "never"] = "auto"
-  "auto: continue from the latest checkpoint in out_dir/checkpoints if there is one."
+CheckpointConfig = train.CheckpointConfig
+"""Re-exported from :mod:`jaxrl.train` (``from jaxrl.sft import CheckpointConfig`` keeps working)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,6 +84,8 @@ class SFTConfig:
   steps: int = 100
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+  guards: train.GuardConfig = dataclasses.field(default_factory=train.GuardConfig)
+  "Non-finite updates: skipped and counted; abort after guards.max_consecutive_skips in a row."
   mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
   lora: models.LoraConfig | None = None
   "Train LoRA adapters only (base frozen, no optimizer state for it); lr = optim.lr × lora.lr_multiplier."
@@ -193,13 +190,14 @@ class SFTTrainer:
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
     self.step_fn = train.make_train_step(
         loss_fn, self.optimizer, micro_batches=cfg.micro_batches,
-        mesh=self.mesh, schedule=self.schedule, prepare=sft_prepare(cfg.loss))
+        mesh=self.mesh, rules=self.rules, schedule=self.schedule, prepare=sft_prepare(cfg.loss))
     eval_prepare = sft_prepare(SFTLoss(mode="global_token_mean"))
     self._eval_fn = jax.jit(lambda p, b, *frozen: eval_loss(p, eval_prepare(b), *frozen))
     self.checkpointer = None
     if cfg.checkpoint.every:
       self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every,
-                                             keep=cfg.checkpoint.keep)
+                                             keep=cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every,
+                                             async_save=cfg.checkpoint.async_save)
 
   def current_model(self, *, for_sampling: bool = False):
     """The model with the current parameters; with LoRA and ``for_sampling``, adapters merged in."""
@@ -247,14 +245,17 @@ class SFTTrainer:
     cfg = self.cfg
     it = self._batches(self.train_paths, epochs=None)
     start_step = 0
+    guard = train.SkipGuard(cfg.guards, log=print)
     if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
       start_step, self.state, host = self.checkpointer.restore(self.state)
       it.set_state(host["data"])
+      guard.set_state(host.get("guards"))
     # Process 0 logs to out_dir; others (same global metrics) to out_dir/processes/K, never the same files.
     log_dir = self.out_dir if self.pid == 0 else self.out_dir / "processes" / str(self.pid)
     logger = train.MetricsLogger(log_dir, total_steps=cfg.steps, desc="sft",
                                  show=("loss", "tok/s", "eval_loss", "eval_exact_match"),
                                  tensorboard=cfg.tensorboard)
+    guard.log = logger.note
     first_eval = self.evaluate() if start_step == 0 and cfg.eval.every else {}
     if first_eval:
       logger.log(0, first_eval)
@@ -266,35 +267,52 @@ class SFTTrainer:
     losses_seen = []
     last = cfg.steps if until is None else min(until, cfg.steps)
     stats = None  # packing statistics of the last batch trained in this process (none when resumed at the end)
-    for step in range(start_step + 1, last + 1):
-      sharding.barrier("sft-step")
-      batch = next(it)
-      stats = batch.stats
-      self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
-      if step % cfg.log_every == 0 or step == cfg.steps:
-        metrics = sharding.to_host(metrics)
-        now = time.perf_counter()
-        dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
-        t_last = now
-        real = batch.stats.tokens
-        row = {"loss": float(metrics["nll_sum"]) / max(float(metrics["loss_tokens"]), 1.0),
-               "objective": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
-               "lr": float(metrics["lr"]), "tok/s": real / dt, "padding": 1.0 - batch.stats.efficiency,
-               "skipped": float(self.state.skipped)}
-        if flops_per_token and peak:
-          row["mfu"] = flops_per_token * real / dt / (peak * 1e12 * jax.device_count())
-        losses_seen.append(row["loss"])
-        logger.log(step, row)
-      if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
-        ev = self.evaluate()
-        if ev:
-          logger.log(step, ev)
-          results["eval_after"] = ev
+    pending = None  # (step, skipped, non-finite micro-batches) of the last step, read one step late
+    try:
+      with train.PreemptionGuard() as preempt:
+        for step in range(start_step + 1, last + 1):
+          sharding.barrier("sft-step")
+          batch = next(it)
+          stats = batch.stats
+          self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
+          if pending is not None:  # the previous step is done by now: reading its flags does not stall
+            guard.observe(*sharding.to_host(pending))
+          pending = (step, metrics["skipped"], metrics[train.NONFINITE_KEY])
+          if step % cfg.log_every == 0 or step == cfg.steps:
+            metrics = sharding.to_host(metrics)
+            now = time.perf_counter()
+            dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
+            t_last = now
+            real = batch.stats.tokens
+            row = {"loss": float(metrics["nll_sum"]) / max(float(metrics["loss_tokens"]), 1.0),
+                   "objective": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
+                   "lr": float(metrics["lr"]), "tok/s": real / dt, "padding": 1.0 - batch.stats.efficiency,
+                   "skipped": float(self.state.skipped)}
+            if flops_per_token and peak:
+              row["mfu"] = flops_per_token * real / dt / (peak * 1e12 * jax.device_count())
+            losses_seen.append(row["loss"])
+            logger.log(step, row)
+          if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+            ev = self.evaluate()
+            if ev:
+              logger.log(step, ev)
+              results["eval_after"] = ev
+          signum = preempt.requested()
+          if self.checkpointer is not None and (self.checkpointer.due(step) or step == last or signum):
+            guard.observe(*sharding.to_host(pending))
+            pending = None
+            self.checkpointer.save(step, self.state, {"data": it.get_state(), "step": step,
+                                                      "guards": guard.state()}, force=True)
+          if signum:
+            if self.checkpointer is not None:
+              self.checkpointer.close()
+            logger.close(title="sft")
+            raise train.Preempted(signum, step, checkpointed=self.checkpointer is not None)
+        if pending is not None:
+          guard.observe(*sharding.to_host(pending))
+    finally:
       if self.checkpointer is not None:
-        self.checkpointer.save(step, self.state, {"data": it.get_state(), "step": step},
-                               force=step == last)
-    if self.checkpointer is not None:
-      self.checkpointer.close()
+        self.checkpointer.close()  # an in-flight save commits even when the loop raised
     if start_step >= last and cfg.eval.every and last == cfg.steps:
       # Resumed at (or past) the end: no step ran here, so the final evaluation is redone for the results.
       ev = self.evaluate()

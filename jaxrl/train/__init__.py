@@ -1,9 +1,12 @@
 """Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging."""
 
-from jaxrl.train._checkpoint import Checkpointer
+from jaxrl.train._checkpoint import CheckpointConfig, CheckpointError, Checkpointer
+from jaxrl.train._guards import GuardConfig, NonFiniteError, SkipGuard
 from jaxrl.train._logging import MetricsLogger
 from jaxrl.train._optim import OptimConfig, make_optimizer, make_schedule
+from jaxrl.train._preempt import Preempted, PreemptionGuard
 from jaxrl.train._step import (
+    NONFINITE_KEY,
     TrainState,
     accumulate_gradients,
     init_train_state,
@@ -13,9 +16,17 @@ from jaxrl.train._step import (
 )
 
 __all__ = [
+    "NONFINITE_KEY",
+    "CheckpointConfig",
+    "CheckpointError",
     "Checkpointer",
+    "GuardConfig",
     "MetricsLogger",
+    "NonFiniteError",
     "OptimConfig",
+    "Preempted",
+    "PreemptionGuard",
+    "SkipGuard",
     "TrainState",
     "accumulate_gradients",
     "init_train_state",

@@ -21,6 +21,10 @@ and gradients gives the global-batch result exactly, whatever the split. Metrics
 """
 
 
+NONFINITE_KEY = "mb/nonfinite"
+"""Step metric ``[M]`` int32: 1 for each micro-batch whose loss or gradient is not finite."""
+
+
 class TrainState(NamedTuple):
   step: jax.Array  # [] int32: updates applied so far
   params: Any  # trainable parameters (a pytree)
@@ -81,17 +85,27 @@ def split_micro_batches(batch, micro_batches: int, *, mesh: Mesh | None = None,
   return jax.tree.map(split, batch)
 
 
+def _nonfinite(loss, grads) -> jax.Array:  # [] int32: 1 when the loss or any gradient entry is NaN/inf
+  total = sum(jnp.sum(g.astype(jnp.float32)) for g in jax.tree.leaves(grads))  # a NaN/inf survives the sum
+  return (~(jnp.isfinite(loss) & jnp.isfinite(total))).astype(jnp.int32)
+
+
 def accumulate_gradients(loss_fn: LossFn, params, batch, *extra, micro_batches: int = 1,
                          mesh: Mesh | None = None, batch_axes: Sequence[str] | None = None,
-                         rules: LogicalRules | None = None):
+                         rules: LogicalRules | None = None, report_nonfinite: bool = False):
   """Σ over micro-batches of (loss, grads, metrics), scanning so only one micro-batch is live.
 
   ``rules``/``batch_axes``: where the rows of each micro-batch live (:func:`split_micro_batches`).
+  ``report_nonfinite`` adds ``metrics["mb/nonfinite"]`` ``[M]`` int32: 1 for each micro-batch whose
+  loss or gradient holds a NaN or an infinity (one extra reduction over the gradient per micro-batch).
   """
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if micro_batches == 1:
     (loss, metrics), grads = grad_fn(params, batch, *extra)
-    return loss, jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    if report_nonfinite:
+      metrics = dict(metrics, **{NONFINITE_KEY: _nonfinite(loss, grads)[None]})
+    return loss, grads, metrics
   micro = split_micro_batches(batch, micro_batches, mesh=mesh, batch_axes=batch_axes, rules=rules)
   first = jax.tree.map(lambda x: x[0], micro)
   (_, metrics_shape), _ = jax.eval_shape(grad_fn, params, first, *extra)
@@ -101,11 +115,13 @@ def accumulate_gradients(loss_fn: LossFn, params, batch, *extra, micro_batches: 
     (loss, metrics), grads = grad_fn(params, mb, *extra)
     grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
     metrics_acc = jax.tree.map(jnp.add, metrics_acc, metrics)
-    return (loss_acc + loss, grads_acc, metrics_acc), None
+    return (loss_acc + loss, grads_acc, metrics_acc), (_nonfinite(loss, grads) if report_nonfinite else None)
 
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
   zero_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics_shape)
-  (loss, grads, metrics), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros, zero_metrics), micro)
+  (loss, grads, metrics), flags = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros, zero_metrics), micro)
+  if report_nonfinite:
+    metrics = dict(metrics, **{NONFINITE_KEY: flags})
   return loss, grads, metrics
 
 
@@ -129,7 +145,8 @@ def make_train_step(
   over the global batch inside ``jit`` is a sum over every data-parallel shard).
 
   The update is skipped (parameters and optimizer state unchanged, ``state.skipped`` + 1) when the
-  loss or the gradient norm is not finite. ``extra`` are non-differentiated inputs (frozen base
+  loss or the gradient norm is not finite; the metrics then name the culprits (``mb/nonfinite``, one
+  0/1 flag per micro-batch, :func:`accumulate_gradients`). ``extra`` are non-differentiated inputs (frozen base
   weights for LoRA, a reference policy...). Parameters keep ``state_sharding`` on output. Micro-batch rows
   are split over the mesh axes ``rules`` give the logical ``batch`` axis (``batch_axes`` overrides).
   """
@@ -138,7 +155,7 @@ def make_train_step(
       batch = prepare(batch)
     loss, grads, metrics = accumulate_gradients(
         loss_fn, state.params, batch, *extra, micro_batches=micro_batches, mesh=mesh,
-        batch_axes=batch_axes, rules=rules)
+        batch_axes=batch_axes, rules=rules, report_nonfinite=True)
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)

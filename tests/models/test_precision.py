@@ -24,10 +24,12 @@ HF_PRESETS = {
 """Checkpoint directory name in a recipe -> the preset with its shapes (config.json written as bf16)."""
 
 
-def _load_recipe(path: Path, tmp_path: Path):
+def _load_recipe(path: Path, tmp_path: Path, role: str | None = None):
   """``(ModelSource, OptimConfig, steps)`` of any recipe (RL, SFT, latent...) through the config loader's
   typed sections; ``hf_dir`` is replaced by a bf16 config.json of the same shapes."""
   raw = config_lib.read_yaml(path)
+  if role is not None:  # a two-policy recipe (Rubric-ARM): each role has its own model and optimizer
+    raw = raw[role]
   model = dict(raw["model"])
   if model.get("hf_dir") is not None:
     preset = models.PRESETS[HF_PRESETS[Path(model["hf_dir"]).name]]()
@@ -38,9 +40,20 @@ def _load_recipe(path: Path, tmp_path: Path):
   return source, optim, raw.get("steps", 100)
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS.glob("*.yaml")))
+def _recipes() -> list[str]:
+  """Every recipe, and ``name:role`` for each policy of a recipe without a top-level ``model:``."""
+  out = []
+  for path in sorted(CONFIGS.glob("*.yaml")):
+    raw = config_lib.read_yaml(path)
+    roles = [k for k, v in raw.items() if isinstance(v, dict) and "model" in v]
+    out += [path.stem] if "model" in raw or not roles else [f"{path.stem}:{r}" for r in roles]
+  return out
+
+
+@pytest.mark.parametrize("name", _recipes())
 def test_every_trainable_param_and_adam_moment_is_float32_in_every_recipe(name, tmp_path):
-  source, optim, steps = _load_recipe(CONFIGS / f"{name}.yaml", tmp_path)
+  stem, _, role = name.partition(":")
+  source, optim, steps = _load_recipe(CONFIGS / f"{stem}.yaml", tmp_path, role or None)
   assert "param_dtype" in source.overrides and "dtype" in source.overrides, f"{name}: name both dtypes"
   model_cfg = source.config()
   _, params = nnx.split(source.abstract())

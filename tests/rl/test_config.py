@@ -64,6 +64,7 @@ def test_grpo_tiny_is_the_quickstart_rl_half():
     ("rollout.temperature=0", "rollout.temperature must be > 0"),
     ("micro_batch.row_len=40", "micro_batch.row_len=40 cannot hold a full sequence"),
     ("rollout.bogus=1", "unknown config key 'rollout.bogus'"),
+    ("rollout.engine.prefill_chunk=24", "rollout.engine.prefill_chunk must be a positive multiple of block_size=16"),
 ])
 def test_bad_values_name_the_key(override, message):
   with pytest.raises(config_lib.ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):

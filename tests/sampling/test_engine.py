@@ -170,6 +170,82 @@ def test_preemption_under_a_tiny_cache_completes_every_row_like_an_ample_one(qwe
     np.testing.assert_allclose(got[k].logprobs, ample[k].logprobs, atol=1e-5, rtol=0)
 
 
+def test_chunked_prefill_is_bit_identical_to_whole_prefill(qwen3, engine4):
+  """Prompts of 9..45 tokens (n=2: the second sample forks the chunk-prefilled blocks) prefilled in
+  chunks of 1 block, 3 blocks (not a divisor of the 64-slot context) and whole."""
+  rng = np.random.default_rng(3)
+  reqs = [sampling.Request(prompt=rng.integers(0, 200, size=m).tolist(), n=2, max_new_tokens=6, request_id=i,
+                           seed=4, temperature=1.0) for i, m in enumerate((9, 23, 37, 45))]
+  calls = engine4.metrics.prefill_calls
+  whole = _run(engine4, reqs)
+  calls = engine4.metrics.prefill_calls - calls
+  for chunk in (8, 24):
+    engine = _engine(qwen3, prefill_chunk=chunk)
+    got = _run(engine, reqs)
+    assert engine.metrics.prefill_calls > calls
+    assert got.keys() == whole.keys()
+    for k in whole:
+      np.testing.assert_array_equal(got[k].tokens, whole[k].tokens)
+      np.testing.assert_array_equal(got[k].logprobs, whole[k].logprobs)
+
+
+def test_long_prompt_prefill_interleaves_with_decode(qwen3):
+  engine = _engine(qwen3, prefill_chunk=8, steps_per_call=1)
+  engine.submit([sampling.Request(prompt=[1, 2, 3], max_new_tokens=30, request_id=0, temperature=0.0)])
+  engine.step()
+  engine.submit([sampling.Request(prompt=list(range(1, 50)), max_new_tokens=4, request_id=1, temperature=0.0)])
+  made = []
+  for _ in range(5):  # 48 cached tokens = 6 chunks: the short row decodes while the long prompt prefills
+    before = engine.metrics.generated_tokens
+    engine.step()
+    assert engine.stats()["prefilling"] == 1 and engine.stats()["busy_slots"] == 1
+    made.append(engine.metrics.generated_tokens - before)
+  assert made == [1] * 5
+  engine.step()  # the last chunk: the long row joins the decode call
+  assert engine.stats()["prefilling"] == 0 and engine.stats()["busy_slots"] == 2
+  out = {c.request_id: c for c in engine.completions()}
+  ref = _run(_engine(qwen3), [sampling.Request(prompt=list(range(1, 50)), max_new_tokens=4, request_id=1,
+                                               temperature=0.0)])
+  np.testing.assert_array_equal(out[1].tokens, ref[(1, 0)].tokens)
+
+
+def test_top_logprobs_and_entropy_equal_the_samplers_through_preemption(qwen3, qwen3_sampler, workload):
+  """A tiny cache preempts rows, so their top-k and entropy columns go to the host and back."""
+  prompts, _ = workload
+  kw = dict(n=2, max_new_tokens=30, temperature=0.8, seed=6, return_top_logprobs=3, return_entropy=True)
+  engine = _engine(qwen3, num_blocks=9, max_top_logprobs=5, entropy=True)
+  got = engine.generate(prompts[:2], **kw)
+  ref = qwen3_sampler.generate(prompts[:2], **kw)
+  assert engine.metrics.preemptions > 0
+  np.testing.assert_array_equal(got.tokens, ref.tokens)
+  np.testing.assert_array_equal(got.top_logprobs.ids, ref.top_logprobs.ids)
+  np.testing.assert_allclose(got.top_logprobs.logprobs, ref.top_logprobs.logprobs, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(got.entropy, ref.entropy, atol=1e-5, rtol=0)
+  assert got.top_logprobs.ids.shape == (4, 30, 3) and (got.entropy > 0).all()
+  with pytest.raises(ValueError, match="max_top_logprobs"):
+    engine.generate(prompts[:1], return_top_logprobs=6)
+
+
+def test_serve_on_the_engine_returns_top_logprobs(qwen3, qwen3_tokenizer, qwen3_sampler):
+  from fastapi.testclient import TestClient
+
+  from jaxrl import serve
+  engine = _engine(qwen3, max_top_logprobs=3)
+  engine.tokenizer = qwen3_tokenizer
+  app = serve.create_app(engine, qwen3_tokenizer, model_name="q", batch_wait_s=0.0)
+  prompt = [5, 9, 17, 30, 2]
+  with TestClient(app) as client:
+    body = client.post("/v1/completions", json=dict(model="q", prompt=[prompt], max_tokens=8, temperature=0,
+                                                     logprobs=3)).json()
+    too_many = client.post("/v1/completions", json=dict(model="q", prompt=[prompt], max_tokens=2, logprobs=4))
+  assert too_many.status_code == 400
+  ref = qwen3_sampler.generate([prompt], max_new_tokens=8, temperature=0.0, return_top_logprobs=3)
+  lp = body["choices"][0]["logprobs"]
+  np.testing.assert_allclose(lp["token_logprobs"], ref.logprobs[0], atol=1e-5, rtol=0)
+  for top, want in zip(lp["top_logprobs"], ref.top_logprobs.logprobs[0]):  # keyed by piece: ids may share one
+    assert top and all(np.abs(want - v).min() <= 1e-5 for v in top.values())
+
+
 def test_sharded_engine_equals_single_device(qwen3_tokenizer, engine4, workload):
   mesh = sharding.make_mesh({"data": 4, "tensor": 2})
   model = models.load_pretrained(HF_FIXTURES / "qwen3", mesh=mesh, dtype="float32")
@@ -192,6 +268,7 @@ def test_sharded_engine_equals_single_device(qwen3_tokenizer, engine4, workload)
     (dict(kv_cache_bytes=100, num_blocks=None), "cannot hold one row"),
     (dict(num_slots=0), "num_slots"),
     (dict(paged_impl="cudnn"), "paged_impl"),
+    (dict(prefill_chunk=12), "prefill_chunk"),
 ])
 def test_bad_engine_arguments_raise_clear_errors(qwen3, kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -204,5 +281,9 @@ def test_bad_requests_raise_clear_errors(engine4):
   with pytest.raises(ValueError, match="max_len"):
     engine4.submit([sampling.Request(prompt=list(range(64)))])
   with pytest.raises(ValueError, match="Sampler-only"):
+    engine4.generate([[1, 2]], max_steps=2)
+  with pytest.raises(ValueError, match="entropy"):
     engine4.generate([[1, 2]], return_entropy=True)
+  with pytest.raises(ValueError, match="top_logprobs"):
+    engine4.submit([sampling.Request(prompt=[1, 2], top_logprobs=1)])
   assert engine4.idle

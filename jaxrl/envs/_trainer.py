@@ -1,0 +1,179 @@
+"""The RL trainer driven by an environment: :class:`AgenticTrainer` and :class:`AgenticRLConfig`.
+
+:class:`AgenticTrainer` is :class:`jaxrl.rl.RLTrainer` with its rollout source replaced: each round
+of prompts becomes ``rollout.n`` multi-turn episodes (:class:`MultiTurnRollout`; with an ``arpo:``
+section, ARPO's adaptive branching), scored by the environment's rewards. The rollout carries a
+``policy_mask`` (tool / environment tokens 0) that :func:`jaxrl.rl.loss_mask` folds into the loss
+mask, and ``prefix_ids`` that ``arpo_hard`` / ``arpo_soft`` advantages read. Everything after the
+rollout (advantages, packing, updates, checkpoints) is the RL trainer's own code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from jaxrl import losses
+from jaxrl.envs._arpo import ArpoConfig
+from jaxrl.envs._base import env_factory
+from jaxrl.envs._multiturn import AgentBatch, MultiTurnRollout, SamplingOptions
+from jaxrl.rl._config import AlgorithmConfig, RLConfig
+from jaxrl.rl._trainer import RLTrainer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvSection:
+  """The ``env:`` section: which environment, its options, and per-trajectory limits."""
+
+  name: str = "single_turn"
+  "A registered environment (``jaxrl.envs.ENVS``): ``single_turn``, ``tools`` or your own."
+  kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  "Passed to the environment (``tools: {calculator: {}}``, ``reward_fn``, ``max_tool_calls``, ...)."
+  max_turns: int = 8
+  "Assistant turns per trajectory."
+  max_turn_tokens: int | None = None
+  "Tokens per assistant turn (default: what is left of ``rollout.max_new_tokens``)."
+  workers: int = 8
+  "Threads stepping environments concurrently."
+  min_bucket: int = 64
+  ("Smallest prompt / completion length bucket of the sampler: contexts grow every turn, so larger "
+   "buckets mean fewer compilations (the sampler's own default is 8).")
+
+  def __post_init__(self):
+    if self.max_turns < 1:
+      raise ValueError(f"env.max_turns must be >= 1, got {self.max_turns!r}")
+    if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+      raise ValueError(f"env.max_turn_tokens must be >= 1 or null, got {self.max_turn_tokens!r}")
+    if self.workers < 1:
+      raise ValueError(f"env.workers must be >= 1, got {self.workers!r}")
+    if self.min_bucket < 1:
+      raise ValueError(f"env.min_bucket must be >= 1, got {self.min_bucket!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AgenticAlgorithmConfig(AlgorithmConfig):
+  """``algorithm:`` of an agentic run: the rollouts supply ``prefix_ids`` (``arpo_hard`` can run)."""
+
+  TREE_ROLLOUTS = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AgenticRLConfig(RLConfig):
+  """``jaxrl rl`` with an ``env:`` section: multi-turn (tool-use) RL, optionally with ARPO rollouts."""
+
+  algorithm: AgenticAlgorithmConfig = dataclasses.field(default_factory=AgenticAlgorithmConfig)
+  env: EnvSection = dataclasses.field(default_factory=EnvSection)
+  arpo: ArpoConfig | None = None
+  "ARPO's entropy-based adaptive rollout (``rollout.n`` is the global budget ``M``); null: plain groups."
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.arpo is not None:
+      ns = [self.rollout.n] + [s.n for s in self.rollout.context_schedule if s.n is not None]
+      if self.arpo.initial_samples > min(ns):
+        raise ValueError(f"arpo.initial_samples={self.arpo.initial_samples} must be <= rollout.n={min(ns)} "
+                         "(the global rollout size M)")
+    if self.rollout.engine is not None:
+      raise ValueError("rollout.engine: multi-turn rollouts run on jaxrl.sampling.Sampler so far; set "
+                       "rollout.engine=null with an env: section (docs/agentic.md)")
+    if getattr(self, "asynchronous", None) is not None:
+      raise ValueError("asynchronous: multi-turn rollouts are synchronous so far; remove the section")
+
+
+def agent_metrics(batch: AgentBatch, prefix: str = "agent") -> dict[str, float]:
+  """Means over trajectories: environment metrics, tool-call rate, policy / tool tokens, turns."""
+  ts = batch.trajectories
+  per = [t.env.metrics() for t in ts]
+  keys = sorted({k for m in per for k in m})
+  out = {f"{prefix}/{k}": float(np.mean([m.get(k, 0.0) for m in per])) for k in keys}
+  if "tool_calls" in keys:
+    out[f"{prefix}/tool_call_rate"] = float(np.mean([m.get("tool_calls", 0.0) > 0 for m in per]))
+  pol = np.asarray([sum(t.policy) for t in ts], np.float64)
+  out[f"{prefix}/policy_tokens_mean"] = float(pol.mean())
+  out[f"{prefix}/env_tokens_mean"] = float(np.mean([len(t.tokens) for t in ts]) - pol.mean())
+  out[f"{prefix}/turns_mean"] = float(np.mean([t.turns for t in ts]))
+  for k, v in batch.stats.items():
+    if k != "time_rollout":
+      out[f"{prefix}/{k}"] = float(v)
+  return out
+
+
+class AgenticTrainer(RLTrainer):
+  """:class:`jaxrl.rl.RLTrainer` whose rollouts are environment episodes (module docstring)."""
+
+  def __init__(self, cfg: AgenticRLConfig):
+    if not isinstance(cfg, AgenticRLConfig):
+      raise TypeError(f"AgenticTrainer needs an AgenticRLConfig, got {type(cfg).__name__}")
+    super().__init__(cfg)
+    if self.procs > 1:
+      raise ValueError("env: multi-turn rollouts run on one process so far (docs/agentic.md)")
+    self.make_env = env_factory(cfg.env.name, **cfg.env.kwargs)
+    self._drivers: dict[int, MultiTurnRollout] = {}
+    self._round_metrics: list[dict[str, float]] = []
+
+  def driver(self, sampler) -> MultiTurnRollout:
+    """The multi-turn driver over ``sampler`` (one per sampler object)."""
+    key = id(sampler)
+    if key not in self._drivers:
+      e = self.cfg.env
+      sampler.min_bucket = max(sampler.min_bucket, e.min_bucket)
+      self._drivers = {key: MultiTurnRollout(sampler, self.tokenizer, self.make_env, max_turns=e.max_turns,
+                                             max_turn_tokens=e.max_turn_tokens, workers=e.workers,
+                                             max_prompt_tokens=self.cfg.data.max_prompt_tokens)}
+    return self._drivers[key]
+
+  def _generate(self, sampler, idx: list[int], request_ids: list[int], *, max_new: int, n: int):
+    r = self.cfg.rollout
+    t0 = time.perf_counter()
+    batch = self.driver(sampler).run(
+        [self.train_prompts.records[i] for i in idx], n=n, max_new_tokens=max_new, request_ids=request_ids,
+        options=SamplingOptions(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
+                                stop_strings=tuple(r.stop_strings)), arpo=self.cfg.arpo)
+    rollout = batch.to_rollout(self.tokenizer)
+    if r.overlong_penalty is not None:
+      pen = r.overlong_penalty
+      rewards = rollout.task_rewards + np.asarray(losses.dapo_overlong_penalty(
+          rollout.lengths, max_len=pen.max_len or max_new, cache_len=pen.cache_len), np.float32)
+      rollout = dataclasses.replace(rollout, rewards=rewards.astype(np.float32))
+    self._round_metrics.append(agent_metrics(batch))
+    return rollout, {"time_generate": time.perf_counter() - t0, "time_reward": 0.0, "reward_errors": 0.0}
+
+  def collect(self, step: int):
+    self._round_metrics = []
+    rollout, metrics = super().collect(step)
+    if self._round_metrics:
+      for k in self._round_metrics[0]:
+        metrics[k] = float(np.mean([m[k] for m in self._round_metrics]))
+    return rollout, metrics
+
+  def evaluate(self, step: int, *, temperature: float | None = None, samples: int | None = None,
+               prefix: str = "eval") -> dict[str, float]:
+    """Held-out episodes (``eval:`` section): accuracy (reward > ``reward.correct_threshold``),
+    mean reward, tool-call rate and the other environment means."""
+    ev = self.cfg.eval
+    if self.heldout_prompts is None or not ev.prompts:
+      return {}
+    temp = ev.temperature if temperature is None else temperature
+    k = ev.samples if samples is None else samples
+    idx = list(range(min(ev.prompts, len(self.heldout_prompts))))
+    batch = self.driver(self._sampler_for(step)).run(
+        [self.heldout_prompts.records[i] for i in idx], n=k, max_new_tokens=self._eval_max_new(step),
+        request_ids=idx, options=SamplingOptions(
+            temperature=temp, top_p=self.cfg.rollout.top_p if temp else 1.0, seed=self.cfg.seed + 1,
+            stop_strings=tuple(self.cfg.rollout.stop_strings)))
+    rewards = np.asarray([t.reward for t in batch.trajectories], np.float64).reshape(len(idx), k)
+    correct = rewards > self.cfg.reward.correct_threshold
+    out = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(rewards.mean()),
+           f"{prefix}/length_mean": float(np.mean([len(t.tokens) for t in batch.trajectories]))}
+    if k > 1:
+      out[f"{prefix}/pass@{k}"] = float(correct.any(axis=1).mean())
+    out.update(agent_metrics(batch, prefix=prefix))
+    return out
+
+  def close(self) -> None:
+    for d in self._drivers.values():
+      d.close()
+    super().close()

@@ -1,0 +1,222 @@
+"""The rollout engine's KV budget and jitted programs, for ``jaxrl plan`` and ``jaxrl info``.
+
+:func:`engine_budget` is the engine's own arithmetic (``jaxrl.sampling.Engine.__init__``: blocks per
+data shard from the per-device budget) without allocating anything; ``tests/plan`` checks it against a
+real :class:`~jaxrl.sampling.Engine`. The programs registered here are the engine's jitted
+``prefill`` and ``decode`` (``jaxrl.sampling._engine._programs``, the objects the engine itself calls),
+lowered on abstract inputs at the recipe's ``rollout.engine`` settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl import models, sharding
+from jaxrl.plan._programs import PlanContext, Program, abstract, reference_params, register_programs
+
+@dataclasses.dataclass(frozen=True)
+class EngineBudget:
+  """The engine's paged KV cache for one ``max_len`` on one mesh (``tokens`` are cache slots)."""
+
+  num_slots: int
+  block_size: int
+  max_len: int
+  num_blocks: int
+  "Blocks in the pool, all devices together (a multiple of ``shards``)."
+  shards: int
+  "Data shards of the pool (the ``cache_batch`` mesh axes); a slot only uses its shard's blocks."
+  kv_split: int
+  "Devices one block's kv heads are split over (the ``cache_kv_heads`` axes, when they divide the heads)."
+  block_bytes: int
+  "Bytes of one block, keys and values of every layer, before the head split."
+  bytes_per_device: int
+  cache_dtype: str
+  budget: str
+  "Where the budget came from (``kv_cache_bytes`` or an estimate from ``kv_cache_fraction``)."
+
+  @property
+  def blocks_per_shard(self) -> int:
+    return self.num_blocks // self.shards
+
+  @property
+  def tokens_resident(self) -> int:
+    """Most cached tokens held at once, all shards together."""
+    return self.num_blocks * self.block_size
+
+  @property
+  def tokens_per_shard(self) -> int:
+    return self.blocks_per_shard * self.block_size
+
+  @property
+  def full_rows_resident(self) -> int:
+    """Rows of ``max_len`` tokens the pool holds at once (over all shards)."""
+    return self.blocks_per_shard // -(-self.max_len // self.block_size) * self.shards
+
+  def check(self) -> str | None:
+    """The engine's refusal, or None: a slot count not a multiple of the shards, or a pool shard that
+    cannot hold one row of ``max_len`` plus one block of look-ahead."""
+    if self.num_slots % self.shards:
+      return f"rollout.engine.num_slots: {self.num_slots} is not a multiple of the cache-batch shards ({self.shards})"
+    need = -(-self.max_len // self.block_size) + 1
+    if self.blocks_per_shard < need:
+      return (f"rollout.engine: {self.blocks_per_shard} blocks per shard cannot hold one row of max_len="
+              f"{self.max_len} ({need} blocks of {self.block_size}); raise kv_cache_bytes or lower max_len")
+    return None
+
+  def lines(self, where: str = "") -> list[str]:
+    """Human-readable lines (``jaxrl info`` and ``jaxrl plan``); ``where`` qualifies the heading."""
+    per_token = self.block_bytes // self.block_size // self.kv_split
+    out = [f"engine KV budget ({where + ', ' if where else ''}max_len {self.max_len}): {self.num_slots} slots, "
+           f"blocks of {self.block_size} tokens, {self.blocks_per_shard} blocks per data shard x {self.shards} "
+           f"shards = {self.num_blocks} blocks; {_size(self.bytes_per_device)} per device ({self.cache_dtype}, "
+           f"{_size(per_token)} per cached token per device; {self.budget}); at most {self.tokens_resident} tokens "
+           f"resident ({self.tokens_per_shard} per shard), {self.full_rows_resident} rows of max_len at once"]
+    bad = self.check()
+    if bad:
+      out.append(f"  DOES NOT FIT: {bad}")
+    return out
+
+
+def _size(n: int) -> str:
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= scale:
+      return f"{n / scale:.2f} {unit}"
+  return f"{n} B"
+
+
+def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.LogicalRules, engine_cfg, max_len: int,
+                  *, free_bytes: int | None = None) -> EngineBudget:
+  """The pool ``jaxrl.sampling.Engine`` allocates for ``engine_cfg`` (an ``rl.EngineConfig``) on ``mesh``.
+
+  ``kv_cache_bytes`` is per device; ``kv_cache_fraction`` needs ``free_bytes`` (the free memory per
+  device when the engine starts; the plan estimates it as HBM less the trainer's resident state).
+  """
+  from jaxrl.sampling._engine import cache_block_bytes
+  dtype = jnp.dtype(model_cfg.dtype)
+  shards = math.prod(mesh.shape[a] for a in rules.mesh_axes("cache_batch"))
+  heads = [a for a in rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1]
+  size = math.prod(mesh.shape[a] for a in heads) if heads else 1
+  kv_split = size if model_cfg.num_kv_heads % size == 0 else 1
+  block_bytes = cache_block_bytes(model_cfg, engine_cfg.block_size, dtype)
+  if engine_cfg.kv_cache_bytes is not None:
+    per_device, source = int(engine_cfg.kv_cache_bytes), "rollout.engine.kv_cache_bytes"
+  else:
+    if free_bytes is None:
+      raise ValueError("rollout.engine.kv_cache_fraction: the budget depends on free device memory; give "
+                       "kv_cache_bytes to plan it")
+    per_device = int(engine_cfg.kv_cache_fraction * free_bytes)
+    source = f"estimate: kv_cache_fraction {engine_cfg.kv_cache_fraction} of {free_bytes / 2**30:.2f} GiB free"
+  num_blocks = int(per_device // (block_bytes // kv_split)) * shards
+  num_blocks -= num_blocks % shards
+  return EngineBudget(num_slots=engine_cfg.num_slots, block_size=engine_cfg.block_size, max_len=max_len,
+                      num_blocks=num_blocks, shards=shards, kv_split=kv_split, block_bytes=block_bytes,
+                      bytes_per_device=num_blocks // shards * (block_bytes // kv_split), cache_dtype=dtype.name,
+                      budget=source)
+
+
+def stage_max_len(cfg, step: int) -> int:
+  """The engine's ``max_len`` at RL step ``step`` of recipe ``cfg`` (``RLTrainer._sampler_for``: prompt +
+  the larger of the stage's and the evaluation's response budget)."""
+  from jaxrl.rl._trainer import RLTrainer
+  evaluation = RLTrainer._eval_max_new(types.SimpleNamespace(cfg=cfg), step)
+  return cfg.data.max_prompt_tokens + max(cfg.rollout.stage(step)[1], evaluation)
+
+
+def recipe_budgets(cfg, model_cfg: models.ModelConfig, mesh: Mesh, *, free_bytes: int | None = None,
+                   ) -> list[tuple[str, EngineBudget]]:
+  """``(stage tag, budget)`` per distinct engine ``max_len`` of an RL recipe's context stages."""
+  from jaxrl.plan._programs import _distinct, recipe_stages
+  eng = cfg.rollout.engine
+  if eng is None:
+    return []
+  stages = recipe_stages(cfg)
+  rules = cfg.mesh.logical_rules()
+  return [(tag, engine_budget(model_cfg, mesh, rules, eng, stage_max_len(cfg, st.step), free_bytes=free_bytes))
+          for st, tag in _distinct(stages, lambda s: stage_max_len(cfg, s.step))]
+
+
+def _free_bytes(ctx: PlanContext) -> int | None:
+  if ctx.hbm_bytes is None:
+    return None
+  from jaxrl.plan._programs import device_bytes
+  return ctx.hbm_bytes - device_bytes(_resident(ctx))
+
+
+def _resident(ctx: PlanContext) -> tuple:
+  """What the trainer keeps in HBM beside the engine while it rolls out: the optimizer state and, with
+  KL, the reference copy (the engine reads the policy's own parameters)."""
+  ref = reference_params(ctx) if ctx.cfg.algorithm.kl_coef > 0 else ()
+  return ctx.state.opt_state, ref
+
+
+def budgets(ctx: PlanContext) -> list[tuple[str, EngineBudget]]:
+  """:func:`recipe_budgets` on the plan's mesh, sized for the full-depth model (``ctx.full_model_cfg``)
+  so that a plan compiled at fewer layers keeps the real block count."""
+  return recipe_budgets(ctx.cfg, ctx.full_model_cfg or ctx.model_cfg, ctx.mesh, free_bytes=_free_bytes(ctx))
+
+
+@register_programs("engine")
+def engine_programs(ctx: PlanContext) -> list[Program]:
+  """The rollout engine's prefill (the longest prompt, ``prefill_rows`` prompts), recompute (a prefill of
+  the longest sequence, after a preemption or a weight update) and decode (``num_slots`` rows, one call of
+  up to ``steps_per_call`` steps) per distinct ``max_len``, when the recipe sets ``rollout.engine``."""
+  from jaxrl.sampling import _engine, _sampler
+  from jaxrl.sampling._paged import blocks_for
+  cfg = ctx.cfg
+  eng = cfg.rollout.engine
+  if eng is None:
+    return []
+  mc = ctx.model_cfg
+  out = []
+  repl = NamedSharding(ctx.mesh, PartitionSpec())
+  params = ctx.params  # the engine reads the policy's parameters (``RLTrainer.current_model()``)
+  resident_params = reference_params(ctx) if cfg.algorithm.kl_coef > 0 else ()
+  opt_state = ctx.state.opt_state
+  for tag, b in budgets(ctx):
+    bad = b.check()
+    if bad:
+      raise ValueError(f"engine[{tag}]: {bad}")
+    max_blocks = blocks_for(b.max_len, b.block_size)
+    impl = _engine._PAGED_IMPL.get(mc.attention_impl, "auto")
+    progs = _engine._programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(b.cache_dtype), impl, b.num_slots,
+                              b.max_len, max_blocks, b.num_blocks, b.block_size, None)
+    page_shape = (mc.num_layers, b.num_blocks, b.block_size, mc.num_kv_heads, mc.head_dim)
+    page = jax.ShapeDtypeStruct(page_shape, jnp.dtype(b.cache_dtype), sharding=progs.page_sharding)
+    pages = (page, page)
+    co = {"params": (params, resident_params), "opt_state": opt_state, "kv_cache": pages}
+    budget_note = (f"pool {b.num_blocks} blocks x {b.block_size} = {b.tokens_resident} tokens "
+                   f"({b.bytes_per_device / 2**30:.2f} GiB per device); optimizer state"
+                   + (" and KL reference" if cfg.algorithm.kl_coef > 0 else "") + " co-resident")
+    prompt_bucket = max(_sampler.length_bucket(cfg.data.max_prompt_tokens - 1, minimum=8), b.block_size)
+    longest = max(_sampler.length_bucket(b.max_len - 2, minimum=8), b.block_size)
+    for name, p in (("engine_prefill", prompt_bucket), ("engine_recompute", longest)):
+      if name == "engine_recompute" and p == prompt_bucket:
+        continue
+      u = eng.prefill_rows
+      args = (params, pages, jax.ShapeDtypeStruct((u, p), jnp.int32, sharding=repl),
+              jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),
+              jax.ShapeDtypeStruct((u, p // b.block_size), jnp.int32, sharding=repl))
+      out.append(Program(
+          name=f"{name}[{tag}]", fn=progs.prefill, args=args, kwargs={}, parts={**co, "batch": args[2:]},
+          flops=mc.flops_per_token(p, training=False) * u * p,
+          note=f"{u} rows x {p} tokens into the paged pool; " + budget_note))
+    slots = jax.eval_shape(progs._empty_slots)
+    slots = abstract(slots, progs.slot_sharding) if progs.slot_sharding is not None else slots
+    stops = _sampler._Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
+                            jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)
+    early = jax.ShapeDtypeStruct((), jnp.bool_, sharding=repl)
+    args = (params, pages, slots, stops, scalar, scalar, early)
+    out.append(Program(
+        name=f"engine_decode[{tag}]", fn=progs.decode, args=args, kwargs={},
+        parts={**co, "batch": (slots, stops, scalar, scalar, early)},
+        flops=mc.flops_per_token(b.max_len, training=False) * b.num_slots * eng.steps_per_call,
+        note=f"{b.num_slots} slots, one call of up to {eng.steps_per_call} steps (model TFLOP at full context); "
+             + budget_note))
+  return out

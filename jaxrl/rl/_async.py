@@ -1,0 +1,513 @@
+"""Asynchronous RL on two sub-meshes of one JAX program: AReaL's staleness-bounded, interruptible
+rollouts with decoupled PPO, and DeepCoder's one-off pipelining (docs/async.md).
+
+Devices. The first ``asynchronous.rollout_devices`` devices form the rollout sub-mesh (the
+continuous-batching :class:`jaxrl.sampling.Engine`), the rest the trainer sub-mesh (an
+:class:`RLTrainer` built on them: packing, updates, rewards, evaluation are its methods). After each
+RL step the trainer's parameters are cast to the compute dtype and ``jax.device_put`` onto the
+rollout shardings (device to device, no host round trip); the time is logged as
+``async/time_weight_transfer``.
+
+Threads. The calling thread runs the rollout loop (:class:`RolloutWorker`): admit prompts under the
+staleness bound, one engine scheduling round, stream finished rows into the reward pool at once,
+move fully scored prompt groups into the buffer, and apply new weights between decode rounds. A
+trainer thread takes batches, updates, and hands the new weights over. JAX releases the GIL while
+device programs run, so on the two device sets the two loops overlap (on CPU the fake devices share
+the host's cores; the overlap that remains is decoding vs. slow rewards vs. training).
+
+Staleness (AReaL eq. 3). The policy version ``i`` is the number of RL steps whose weights the engine
+holds; a prompt group is admitted only while ``⌊(N_r − 1)/B⌋ ≤ i + η`` (``N_r`` counting it,
+``B = rollout.prompts_per_step``). Batch ``j`` is exactly the groups admitted ``jB .. (j+1)B − 1``
+(oldest first; each group used once), trained with the parameters of version ``j``: every token
+was generated at a version ``≥`` its group's admission version ``≥ j − η``, so no batch holds a token
+more than ``η`` versions old, whatever the number of updates per step (versions count RL steps;
+π_prox is the parameters before the step, held fixed across its ``ppo_epochs × mini_batches``
+updates). ``η = 0`` is the synchronous trainer, step for step. :meth:`AsyncSchedule.take` checks the
+bound on every token and raises if it were ever broken.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxrl import losses, models, rewards, sampling, sharding, train
+from jaxrl.rl._config import RLConfig
+from jaxrl.rl._prompts import reward_fields
+from jaxrl.rl._rollout import Rollout
+from jaxrl.rl._trainer import RLTrainer
+
+
+# --------------------------------------------------------------------------------------------------
+# Staleness control and the buffer (pure Python: tested with a scripted engine)
+
+
+@dataclasses.dataclass
+class Group:
+  """One admitted prompt with its ``n`` rows; scored when ``rewards`` is set."""
+
+  index: int  # admission order: N_r - 1
+  prompt: int  # index into the training prompts
+  request_id: int
+  version: int  # the engine's policy version at admission
+  n: int
+  completions: dict[int, Any] = dataclasses.field(default_factory=dict)  # sample -> Completion
+  rewards: np.ndarray | None = None  # [n] float32 task rewards
+  errors: int = 0
+  finished_at: float = 0.0
+
+  @property
+  def generated(self) -> bool:
+    return len(self.completions) == self.n
+
+  def token_versions(self) -> np.ndarray:
+    return np.concatenate([np.asarray(self.completions[s].versions, np.int64) for s in range(self.n)])
+
+
+class StalenessError(RuntimeError):
+  """A batch would hold a token older than the staleness bound (never raised when eq. 3 holds)."""
+
+
+class AsyncSchedule:
+  """AReaL's rate limit (eq. 3), the bounded buffer of scored groups and oldest-first batches.
+
+  Args:
+    batch: ``B``, prompt groups per training batch.
+    max_staleness: ``η``.
+    total_groups: groups to admit in all (``steps × B``).
+  """
+
+  def __init__(self, batch: int, max_staleness: int, total_groups: int):
+    self.B, self.eta, self.total = batch, max_staleness, total_groups
+    self.version = 0  # i: the rollout's policy version
+    self.admitted = 0  # N_r
+    self.taken = 0  # batches handed to the trainer
+    self.buffer: dict[int, Group] = {}
+    self.capacity = (max_staleness + 1) * batch
+    self.cond = threading.Condition()
+
+  def can_admit(self) -> bool:
+    """Eq. 3 for the next group (``N_r`` would become ``admitted + 1``)."""
+    return self.admitted < self.total and self.admitted // self.B <= self.version + self.eta
+
+  def admit(self) -> int:
+    if not self.can_admit():
+      raise StalenessError(f"admission of group {self.admitted} at version {self.version} breaks eq. 3")
+    self.admitted += 1
+    return self.admitted - 1
+
+  def set_version(self, version: int) -> None:
+    with self.cond:
+      self.version = version
+
+  def put(self, group: Group) -> None:
+    """A scored group enters the buffer (bounded: admitted but unconsumed groups ≤ (η + 1)·B)."""
+    with self.cond:
+      if not (self.taken * self.B <= group.index < self.admitted) or group.index in self.buffer:
+        raise RuntimeError(f"group {group.index}: not admitted, already consumed, or already buffered")
+      if len(self.buffer) >= self.capacity:
+        raise RuntimeError(f"buffer over its capacity of {self.capacity} groups")
+      self.buffer[group.index] = group
+      self.cond.notify_all()
+
+  def ready(self, j: int) -> bool:
+    return j == self.taken and all(g in self.buffer for g in range(j * self.B, (j + 1) * self.B))
+
+  def take(self, j: int) -> list[Group]:
+    """Batch ``j``: groups ``jB .. (j+1)B − 1`` in admission order, removed from the buffer; trained
+    at version ``j``, so every token version must be ``≥ j − η``."""
+    with self.cond:
+      if not self.ready(j):
+        raise RuntimeError(f"batch {j} is not ready (next batch {self.taken})")
+      groups = [self.buffer.pop(g) for g in range(j * self.B, (j + 1) * self.B)]
+      self.taken += 1
+    oldest = min(int(g.token_versions().min(initial=j)) for g in groups)
+    if j - oldest > self.eta:
+      raise StalenessError(f"batch {j} holds a token of version {oldest}: staleness {j - oldest} > η={self.eta}")
+    return groups
+
+  def wait_ready(self, j: int, stop: threading.Event, timeout: float = 0.05) -> bool:
+    with self.cond:
+      while not self.ready(j):
+        if stop.is_set():
+          return False
+        self.cond.wait(timeout)
+      return True
+
+
+# --------------------------------------------------------------------------------------------------
+# The rollout side
+
+
+def pop_finished(engine) -> list[Any]:
+  """Completions the engine has queued (its last scheduling round), without stepping it."""
+  return engine.pop_finished()
+
+
+class RolloutWorker:
+  """The rollout loop: admission, engine rounds, rewards as rows finish, weight updates.
+
+  Args:
+    engine: ``submit / step / idle / update_weights`` (a :class:`jaxrl.sampling.Engine`).
+    schedule: the :class:`AsyncSchedule`.
+    make_request: ``group index -> (prompt index, Request)``.
+    score: ``(group) -> Future`` of ``(task rewards [n], error count)``; called when a group's rows
+      are all generated (each row's reward was already submitted by ``on_row``).
+    on_row: ``(group, completion)`` as each row finishes (submits its reward).
+    one_off: apply new weights only when the engine is idle (DeepCoder one-off pipelining).
+    interrupt: ``update_weights`` mode (``interrupt`` or ``finish``).
+  """
+
+  def __init__(self, engine, schedule: AsyncSchedule, *, make_request: Callable[[int], tuple[int, Any]],
+               score: Callable[[Group], cf.Future], on_row: Callable[[Group, Any], None] | None = None,
+               one_off: bool = False, interrupt: bool = True):
+    self.engine, self.schedule = engine, schedule
+    self.make_request, self.score, self.on_row = make_request, score, on_row
+    self.one_off, self.mode = one_off, "interrupt" if interrupt else "finish"
+    self.groups: dict[int, Group] = {}  # request id -> generating group
+    self.scoring: list[tuple[Group, cf.Future]] = []
+    self._lock = threading.Lock()
+    self._pending: tuple[Any, int] | None = None  # (model, version) offered by the trainer
+    self.busy_s = 0.0  # engine rounds
+    self.apply_s = 0.0  # update_weights (incl. the interrupted rows' recompute)
+    self.rows_done = 0
+
+  def offer_weights(self, model, version: int) -> None:
+    """Called by the trainer (any thread): the weights of ``version``, applied between rounds."""
+    with self._lock:
+      self._pending = (model, version)
+
+  def take_counters(self) -> dict[str, float]:
+    with self._lock:
+      out = {"busy_s": self.busy_s, "apply_s": self.apply_s}
+      self.busy_s = self.apply_s = 0.0
+    return out
+
+  def _apply_weights(self) -> None:
+    with self._lock:
+      pending = self._pending
+      if pending is None or (self.one_off and not self.engine.idle):
+        return
+      self._pending = None
+    t0 = time.perf_counter()
+    model, version = pending
+    self.engine.update_weights(model, version, mode=self.mode)
+    if self.mode == "finish":
+      self._drain()
+    self.schedule.set_version(version)
+    with self._lock:
+      self.apply_s += time.perf_counter() - t0
+
+  def _drain(self) -> None:
+    for c in pop_finished(self.engine):
+      g = self.groups[c.request_id]
+      if c.sample in g.completions:
+        raise RuntimeError(f"group {g.index}: sample {c.sample} finished twice")
+      g.completions[c.sample] = c
+      self.rows_done += 1
+      if self.on_row is not None:
+        self.on_row(g, c)
+      if g.generated:
+        del self.groups[c.request_id]
+        g.finished_at = time.perf_counter()
+        self.scoring.append((g, self.score(g)))
+
+  def poll(self) -> bool:
+    """One iteration; returns whether the engine ran a round."""
+    self._apply_weights()
+    new = []
+    while self.schedule.can_admit():
+      index = self.schedule.admit()
+      prompt, request = self.make_request(index)
+      g = Group(index=index, prompt=prompt, request_id=request.request_id, version=self.schedule.version,
+                n=request.n)
+      if request.request_id in self.groups:
+        raise RuntimeError(f"request id {request.request_id} is already generating")
+      self.groups[request.request_id] = g
+      new.append(request)
+    if new:
+      self.engine.submit(new)
+    ran = False
+    if not self.engine.idle:
+      t0 = time.perf_counter()
+      self.engine.step()
+      with self._lock:
+        self.busy_s += time.perf_counter() - t0
+      ran = True
+    self._drain()
+    still = []
+    for g, fut in self.scoring:
+      if fut.done():
+        g.rewards, g.errors = fut.result()
+        self.schedule.put(g)
+      else:
+        still.append((g, fut))
+    self.scoring = still
+    return ran
+
+
+# --------------------------------------------------------------------------------------------------
+# Batches and metrics
+
+
+def groups_to_rollout(groups: list[Group], prompt_ids, *, max_new: int, tokenizer, overlong_penalty=None
+                      ) -> tuple[Rollout, np.ndarray]:
+  """The groups (admission order, samples ``0..n-1``) as the synchronous trainer's :class:`Rollout`,
+  plus ``[N, max_new]`` per-token versions (−1 past each length). ``logprobs`` are the engine's
+  behaviour log-probs (π_behav of decoupled PPO), token by token whichever version drew them."""
+  rows = [(gi, g, g.completions[s]) for gi, g in enumerate(groups) for s in range(g.n)]
+  total = len(rows)
+  tokens = np.zeros((total, max_new), np.int32)
+  lp = np.zeros((total, max_new), np.float32)
+  versions = np.full((total, max_new), -1, np.int32)
+  lengths = np.zeros((total,), np.int32)
+  for i, (_, _, c) in enumerate(rows):
+    k = len(c.tokens)
+    tokens[i, :k], lp[i, :k], versions[i, :k], lengths[i] = c.tokens, c.logprobs, c.versions, k
+  texts = tuple(tokenizer.decode(tokens[i, :lengths[i]].tolist(), skip_special_tokens=True) for i in range(total))
+  task = np.concatenate([np.asarray(g.rewards, np.float32) for g in groups])
+  rew = task
+  if overlong_penalty is not None:
+    rew = task + np.asarray(losses.dapo_overlong_penalty(
+        lengths, max_len=overlong_penalty.max_len or max_new, cache_len=overlong_penalty.cache_len), np.float32)
+  rollout = Rollout(
+      prompt_ids=tuple(prompt_ids[g.prompt] for _, g, _ in rows), tokens=tokens, logprobs=lp, lengths=lengths,
+      truncated=np.asarray([c.finish_reason == "length" for *_, c in rows]),
+      group_ids=np.asarray([gi for gi, _, _ in rows], np.int32), rewards=rew.astype(np.float32),
+      task_rewards=task, texts=texts)
+  return rollout, versions
+
+
+def staleness_metrics(versions: np.ndarray, lengths: np.ndarray, step_version: int, max_staleness: int
+                      ) -> dict[str, float]:
+  """Histogram of per-token staleness ``step_version − v`` (``async/staleness/k``: token share),
+  its mean and max, and distinct versions per trajectory."""
+  valid = np.arange(versions.shape[1])[None, :] < lengths[:, None]
+  st = step_version - versions[valid]
+  m: dict[str, float] = {}
+  total = max(st.size, 1)
+  for k in range(max_staleness + 1):
+    m[f"async/staleness/{k}"] = float((st == k).sum() / total)
+  m["async/staleness_mean"] = float(st.mean()) if st.size else 0.0
+  m["async/staleness_max"] = float(st.max()) if st.size else 0.0
+  per = [len(np.unique(versions[i, :lengths[i]])) for i in range(len(lengths)) if lengths[i]]
+  m["async/versions_per_traj_mean"] = float(np.mean(per)) if per else 0.0
+  m["async/versions_per_traj_max"] = float(np.max(per)) if per else 0.0
+  return m
+
+
+# --------------------------------------------------------------------------------------------------
+# The trainer
+
+
+def split_devices(cfg: RLConfig, devices=None) -> tuple[list, list]:
+  """``(rollout devices, trainer devices)``: the first ``rollout_devices`` (default 3/4) roll out."""
+  devices = list(devices if devices is not None else jax.devices())
+  k = cfg.asynchronous.rollout_devices
+  if k is None:
+    k = max(1, (3 * len(devices)) // 4)
+  if not 1 <= k < len(devices):
+    raise ValueError(f"asynchronous.rollout_devices={k}: needs at least one rollout and one trainer device "
+                     f"of the {len(devices)}")
+  return devices[:k], devices[k:]
+
+
+class AsyncRLTrainer(RLTrainer):
+  """:class:`RLTrainer` on the trainer sub-mesh, fed by an engine on the rollout sub-mesh.
+
+  Reuses ``pack`` / ``update`` / ``evaluate`` / checkpoints; replaces the schedule (:meth:`run`).
+  ``history`` gets the synchronous metrics plus ``async/*`` (staleness histogram, versions per
+  trajectory, busy fractions, weight-transfer time, effective training tokens/s).
+  """
+
+  def __init__(self, cfg: RLConfig):
+    if cfg.asynchronous is None:
+      raise ValueError("AsyncRLTrainer needs an asynchronous: section")
+    if jax.process_count() > 1:
+      raise ValueError("asynchronous: runs on one process so far")
+    self.rollout_devices, trainer_devices = split_devices(cfg)
+    super().__init__(cfg, devices=trainer_devices)
+    a = cfg.asynchronous
+    self.eta = a.max_staleness
+    self.rollout_mesh = sharding.MeshConfig(shape=dict(a.rollout_mesh), rules=cfg.mesh.rules).build(
+        self.rollout_devices)
+    self.compute_dtype = nnx.merge(self.graphdef, self.state.params).cfg.dtype
+    self._rollout_shardings = models.state_shardings(
+        models.cast_params(self.state.params, self.compute_dtype), self.rollout_mesh, self.rules)
+    runner = cfg.reward.runner
+    # Errors are counted per training batch against reward.runner.max_errors (not per group).
+    self.rollout_rewards = rewards.RewardRunner(
+        cfg.reward.fn, reward_kwargs=cfg.reward.kwargs,
+        config=dataclasses.replace(runner, max_errors=1.0, workers=a.reward_workers or runner.workers))
+    self._collectors = cf.ThreadPoolExecutor(4, thread_name_prefix="jaxrl-async-collect")
+    self.engine: sampling.Engine | None = None
+    self.transfer_times: list[float] = []
+
+  # -- weights ---------------------------------------------------------------------------------
+
+  def rollout_model(self):
+    """The current parameters in the compute dtype on the rollout shardings: ``(model, seconds)``."""
+    t0 = time.perf_counter()
+    params = jax.device_put(models.cast_params(self.state.params, self.compute_dtype), self._rollout_shardings)
+    jax.block_until_ready(params)
+    dt = time.perf_counter() - t0
+    return models.shard_model(nnx.merge(self.graphdef, params), self.rollout_mesh, self.rules), dt
+
+  def _build_engine(self, version: int) -> sampling.Engine:
+    cfg, eng = self.cfg, self.cfg.rollout.engine
+    model, dt = self.rollout_model()
+    self.transfer_times.append(dt)
+    engine = sampling.Engine(
+        model, self.tokenizer, mesh=self.rollout_mesh, rules=self.rules,
+        max_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens, num_slots=eng.num_slots,
+        kv_cache_bytes=eng.kv_cache_bytes, kv_cache_fraction=eng.kv_cache_fraction, block_size=eng.block_size,
+        steps_per_call=eng.steps_per_call, prefill_rows=eng.prefill_rows, prefill_chunk=eng.prefill_chunk,
+        version=version)
+    engine.set_stops((), cfg.rollout.stop_strings)
+    return engine
+
+  # -- rollout side ----------------------------------------------------------------------------
+
+  def _make_request(self, index: int):
+    r = self.cfg.rollout
+    (prompt,), (rid,) = self.stream.take(1)  # the synchronous trainer's prompt and request-id order
+    req = sampling.Request(prompt=self.train_prompts.ids[prompt].tolist(), n=r.n, max_new_tokens=r.max_new_tokens,
+                           temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
+                           request_id=rid)
+    return prompt, req
+
+  def _on_row(self, g: Group, c) -> None:  # each row's reward starts as soon as it finishes
+    rec = self.train_prompts.records[g.prompt]
+    text = self.tokenizer.decode(np.asarray(c.tokens).tolist(), skip_special_tokens=True)
+    self.rollout_rewards.submit(self.train_prompts.texts[g.prompt], text, index=g.index * g.n + c.sample,
+                                **reward_fields(rec))
+
+  def _score_group(self, g: Group) -> cf.Future:
+    idx = [g.index * g.n + s for s in range(g.n)]
+
+    def collect():
+      got = self.rollout_rewards.collect(idx)
+      return got.rewards.astype(np.float32), len(got.errors)
+    return self._collectors.submit(collect)
+
+  # -- the loop --------------------------------------------------------------------------------
+
+  def run(self, *, until: int | None = None) -> dict[str, Any]:
+    cfg = self.cfg
+    if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
+      raise ValueError("asynchronous: resuming from a checkpoint is not supported yet (the in-flight buffer is "
+                       "not saved); use a fresh out_dir or checkpoint.resume=never")
+    logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="rl-async",
+                                 show=("reward/mean", "accuracy", "eval/accuracy", "async/staleness_mean",
+                                       "async/tok_s_effective"), tensorboard=cfg.tensorboard)
+    results: dict[str, Any] = {"start_step": 0}
+    if cfg.eval.every:
+      results["eval_before"] = self.evaluate(1)
+      logger.log(0, results["eval_before"])
+    last = cfg.steps if until is None else min(until, cfg.steps)
+    B = cfg.rollout.prompts_per_step
+    self.staleness = AsyncSchedule(B, self.eta, last * B)
+    self.engine = self._build_engine(version=0)
+    self.worker = RolloutWorker(self.engine, self.staleness, make_request=self._make_request, score=self._score_group,
+                                on_row=self._on_row, one_off=cfg.asynchronous.mode == "one_off",
+                                interrupt=cfg.asynchronous.interrupt)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def trainer_loop():
+      try:
+        self._train_loop(last, logger, results, stop)
+      except BaseException as e:  # noqa: BLE001 (re-raised on the calling thread)
+        failure.append(e)
+      finally:
+        stop.set()
+
+    t_start = time.perf_counter()
+    thread = threading.Thread(target=trainer_loop, name="jaxrl-async-trainer", daemon=True)
+    thread.start()
+    try:
+      while not stop.is_set():
+        if not self.worker.poll():
+          time.sleep(0.002)  # nothing to decode: waiting for rewards or for the trainer's weights
+    except BaseException:
+      stop.set()
+      thread.join()
+      raise
+    thread.join()
+    if failure:
+      raise failure[0]
+    results["time_total"] = time.perf_counter() - t_start
+    if self.checkpointer is not None:
+      self.checkpointer.close()
+    plot = logger.close(title="rl-async")
+    results.update(steps=last, plot=str(plot) if plot else None, skipped=int(self.state.skipped),
+                   rewards=[h["reward/mean"] for h in self.history], accuracy=[h["accuracy"] for h in self.history])
+    if last == cfg.steps and cfg.export_hf:
+      models.save_pretrained(self.current_model(), self.out_dir / "hf", tokenizer=self.tokenizer)
+      results["hf_dir"] = str(self.out_dir / "hf")
+    (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+  def _train_loop(self, last: int, logger, results: dict, stop: threading.Event) -> None:
+    cfg, r = self.cfg, self.cfg.rollout
+    t_prev = time.perf_counter()
+    for step in range(1, last + 1):
+      j = step - 1
+      t_wait = time.perf_counter()
+      if not self.staleness.wait_ready(j, stop):
+        return
+      t0 = time.perf_counter()
+      groups = self.staleness.take(j)
+      rollout, versions = groups_to_rollout(groups, self.train_prompts.ids, max_new=r.max_new_tokens,
+                                            tokenizer=self.tokenizer, overlong_penalty=r.overlong_penalty)
+      errors = sum(g.errors for g in groups)
+      if errors > cfg.reward.runner.allowed_errors(rollout.num_samples):
+        raise rewards.RewardBudgetExceeded(self.rollout_rewards.name, [], rollout.num_samples,
+                                           cfg.reward.runner.max_errors)
+      self.last_rollout = rollout
+      metrics = self._rollout_metrics(rollout)
+      metrics["reward_errors"] = float(errors)
+      metrics.update(staleness_metrics(versions, rollout.lengths, j, self.eta))
+      metrics.update(self.update(rollout, step))
+      t1 = time.perf_counter()
+      metrics["time_train"] = t1 - t0
+      model, dt = self.rollout_model()
+      self.transfer_times.append(dt)
+      self.worker.offer_weights(model, step)
+      t2 = time.perf_counter()
+      counters = self.worker.take_counters()
+      wall = max(t2 - t_prev, 1e-9)
+      metrics.update({
+          "async/time_weight_transfer": dt, "async/time_weight_apply": counters["apply_s"],
+          "async/time_wait_batch": t0 - t_wait, "async/trainer_busy": (t2 - t0) / wall,
+          "async/rollout_busy": min(counters["busy_s"] / wall, 1.0),
+          "async/tok_s_effective": float(rollout.lengths.sum()) / wall,
+          "tok_s/train": metrics["train/tokens"] / max(metrics["time_train"], 1e-9), "time_step": wall})
+      t_prev = t2
+      if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+        ev = self.evaluate(step)
+        metrics.update(ev)
+        if ev:
+          results["eval_after"] = ev
+      self.history.append(dict(metrics, step=float(step)))
+      logger.log(step, metrics)
+      self._save(step, force=step == last)
+
+  def close(self) -> None:
+    super().close()
+    self.rollout_rewards.close()
+    self._collectors.shutdown(wait=True)
+
+
+def make_trainer(cfg: RLConfig) -> RLTrainer:
+  """The trainer a config asks for: :class:`AsyncRLTrainer` with an ``asynchronous:`` section."""
+  return AsyncRLTrainer(cfg) if cfg.asynchronous is not None else RLTrainer(cfg)

@@ -1,0 +1,123 @@
+"""One training process of the fault-injection suite: ``jaxrl sft|rl`` on 8 fake CPU devices, killed
+with SIGKILL (or sent SIGTERM) at a chosen point.
+
+Run as ``python fault_worker.py KIND FAULT CONFIG [key=value ...]``. ``FAULT`` is ``none`` or
+``PHASE:STEP`` with PHASE one of
+
+- ``in_step``: while the step runs (SFT: right after the jitted update is dispatched; RL: after the
+  rollout, before the update),
+- ``before_save``: the step is done, its checkpoint not started,
+- ``after_save``: the checkpoint's asynchronous write has just started,
+- ``in_commit``: every file of the checkpoint is written, the commit (rename) has not happened,
+- ``in_manifest``: committed, its integrity manifest half-written,
+- ``sigterm``: SIGTERM to itself after the step (pre-emption: checkpoint, exit 143),
+- ``enospc``: the commit fails with ``OSError(ENOSPC)`` (disk full).
+
+A fault at a step the run does not reach does nothing. The exit status is the CLI's.
+"""
+
+import errno
+import os
+import signal
+import sys
+
+kind, fault, config, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+from orbax.checkpoint._src.path import atomicity  # noqa: E402
+
+from jaxrl import cli, train  # noqa: E402
+from jaxrl.train import _checkpoint  # noqa: E402
+
+phase, at = (fault.split(":")[0], int(fault.split(":")[1])) if fault != "none" else ("none", -1)
+
+
+def die():
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+_save = train.Checkpointer.save
+
+
+def save(self, step, state, host, *, force=False):
+  if step == at and phase == "before_save":
+    die()
+  out = _save(self, step, state, host, force=force)
+  if step == at and phase == "after_save":
+    die()
+  return out
+
+
+train.Checkpointer.save = save
+
+_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+
+async def finalize(self):
+  if self._final_path.name == str(at) and phase == "in_commit":
+    die()
+  if self._final_path.name == str(at) and phase == "enospc":
+    raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self._tmp_path))
+  return await _finalize(self)
+
+
+atomicity.AtomicRenameTemporaryPath.finalize = finalize
+
+_write_manifest = _checkpoint.write_manifest
+
+
+def write_manifest(step_dir, step):
+  if step == at and phase == "in_manifest":
+    (step_dir / (_checkpoint.MANIFEST + ".tmp")).write_text('{"step": ')
+    die()
+  return _write_manifest(step_dir, step)
+
+
+_checkpoint.write_manifest = write_manifest
+
+_log = train.MetricsLogger.log
+
+
+def log(self, step, metrics):
+  _log(self, step, metrics)
+  if step == at and phase == "sigterm":
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+train.MetricsLogger.log = log
+
+if kind == "sft":
+  from jaxrl.sft import _trainer as sft_trainer
+  _init = sft_trainer.SFTTrainer.__init__
+
+  def sft_init(self, cfg):
+    _init(self, cfg)
+    step_fn = self.step_fn
+
+    def step_and_die(state, *args):
+      out = step_fn(state, *args)
+      if int(out[0].step) + int(out[0].skipped) == at and phase == "in_step":
+        die()
+      return out
+    self.step_fn = step_and_die
+
+  sft_trainer.SFTTrainer.__init__ = sft_init
+else:
+  from jaxrl.rl import _trainer as rl_trainer
+  _update = rl_trainer.RLTrainer.update
+
+  def update(self, rollout, step):
+    if step == at and phase == "in_step":
+      die()
+    return _update(self, rollout, step)
+
+  rl_trainer.RLTrainer.update = update
+
+sys.exit(cli.main([kind, "--config", config, *overrides]))
