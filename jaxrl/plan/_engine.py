@@ -10,7 +10,6 @@ lowered on abstract inputs at the recipe's ``rollout.engine`` settings.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 
 import jax
@@ -97,12 +96,9 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
   ``kv_cache_bytes`` is per device; ``kv_cache_fraction`` needs ``free_bytes`` (the free memory per
   device when the engine starts; the plan estimates it as HBM less the trainer's resident state).
   """
-  from jaxrl.sampling._engine import cache_block_bytes
+  from jaxrl.sampling._engine import budget_blocks, cache_block_bytes, cache_shards
   dtype = jnp.dtype(model_cfg.dtype)
-  shards = math.prod(mesh.shape[a] for a in rules.mesh_axes("cache_batch"))
-  heads = [a for a in rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1]
-  size = math.prod(mesh.shape[a] for a in heads) if heads else 1
-  kv_split = size if model_cfg.num_kv_heads % size == 0 else 1
+  shards, kv_split = cache_shards(model_cfg, mesh, rules)
   block_bytes = cache_block_bytes(model_cfg, engine_cfg.block_size, dtype)
   if engine_cfg.kv_cache_bytes is not None:
     per_device, source = int(engine_cfg.kv_cache_bytes), "rollout.engine.kv_cache_bytes"
@@ -112,8 +108,7 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
                        "kv_cache_bytes to plan it")
     per_device = int(engine_cfg.kv_cache_fraction * free_bytes)
     source = f"estimate: kv_cache_fraction {engine_cfg.kv_cache_fraction} of {free_bytes / 2**30:.2f} GiB free"
-  num_blocks = int(per_device // (block_bytes // kv_split)) * shards
-  num_blocks -= num_blocks % shards
+  num_blocks = budget_blocks(per_device, block_bytes, shards, kv_split)
   return EngineBudget(num_slots=engine_cfg.num_slots, block_size=engine_cfg.block_size, max_len=max_len,
                       num_blocks=num_blocks, shards=shards, kv_split=kv_split, block_bytes=block_bytes,
                       bytes_per_device=num_blocks // shards * (block_bytes // kv_split), cache_dtype=dtype.name,

@@ -148,11 +148,6 @@ class AsyncSchedule:
 # The rollout side
 
 
-def pop_finished(engine) -> list[Any]:
-  """Completions the engine has queued (its last scheduling round), without stepping it."""
-  return engine.pop_finished()
-
-
 class RolloutWorker:
   """The rollout loop: admission, engine rounds, rewards as rows finish, weight updates.
 
@@ -208,7 +203,7 @@ class RolloutWorker:
       self.apply_s += time.perf_counter() - t0
 
   def _drain(self) -> None:
-    for c in pop_finished(self.engine):
+    for c in self.engine.pop_finished():
       g = self.groups[c.request_id]
       if c.sample in g.completions:
         raise RuntimeError(f"group {g.index}: sample {c.sample} finished twice")

@@ -192,6 +192,23 @@ def cache_block_bytes(cfg: models.ModelConfig, block_size: int, dtype) -> int:
   return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
 
 
+def cache_shards(cfg: models.ModelConfig, mesh: Mesh | None, rules: LogicalRules) -> tuple[int, int]:
+  """``(dp, tp)``: the pool's blocks split over the cache-batch axes (``dp`` shards), each block's kv
+  heads over the cache-kv-head axes when they divide the kv heads (``tp``, else 1)."""
+  if mesh is None:
+    return 1, 1
+  dp = math.prod(mesh.shape[a] for a in rules.mesh_axes("cache_batch"))
+  heads = [a for a in rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1]
+  size = math.prod(mesh.shape[a] for a in heads) if heads else 1
+  return dp, size if cfg.num_kv_heads % size == 0 else 1
+
+
+def budget_blocks(bytes_per_device: int, block_bytes: int, dp: int, tp: int) -> int:
+  """Blocks of the whole pool that ``bytes_per_device`` buys on every device (a multiple of ``dp``)."""
+  num_blocks = int(bytes_per_device // (block_bytes // tp)) * dp
+  return num_blocks - num_blocks % dp
+
+
 # --------------------------------------------------------------------------------------------------
 # The engine
 
@@ -285,16 +302,11 @@ class Engine:
     if self.paged_impl not in kernels.PAGED_IMPLS:
       raise ValueError(f"paged_impl: {self.paged_impl!r} is not one of {list(kernels.PAGED_IMPLS)}")
 
-    self.dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in self.rules.mesh_axes("cache_batch"))
+    self.dp, tp = cache_shards(self.cfg, mesh, self.rules)
     if num_slots % self.dp:
       raise ValueError(f"num_slots: {num_slots} is not a multiple of the cache-batch shards ({self.dp})")
     self.num_slots = num_slots
     self.max_blocks = blocks_for(max_len, block_size)
-    tp = 1
-    if mesh is not None:
-      heads = [a for a in self.rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1]
-      size = math.prod(mesh.shape[a] for a in heads) if heads else 1
-      tp = size if self.cfg.num_kv_heads % size == 0 else 1
     self.block_bytes = cache_block_bytes(self.cfg, block_size, self.cache_dtype)
     if kv_cache_fraction is not None:
       if not 0 < kv_cache_fraction <= 1:
@@ -306,7 +318,7 @@ class Engine:
     if kv_cache_bytes is not None:
       if kv_cache_bytes <= 0:
         raise ValueError(f"kv_cache_bytes: must be positive, got {kv_cache_bytes!r}")
-      num_blocks = int(kv_cache_bytes // (self.block_bytes // tp)) * self.dp
+      num_blocks = budget_blocks(kv_cache_bytes, self.block_bytes, self.dp, tp)
     elif isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
       raise ValueError(f"num_blocks: must be a positive int, got {num_blocks!r}")
     num_blocks -= num_blocks % self.dp
