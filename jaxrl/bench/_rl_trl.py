@@ -30,7 +30,9 @@ class Worker:
     self.trainer = None
     self.pending_quit = False
 
-  def setup(self, hf_dir, tokenizer, prompts, steps, out_dir, lr):
+  def setup(self, hf_dir, tokenizer, prompts, steps, out_dir, lr, n_prompts=PROMPTS, samples=SAMPLES,
+            prompt_tokens=None, new_tokens=NEW_TOKENS):
+    del prompt_tokens  # the prompts file holds exactly that many words each
     import datasets
     import torch
     import transformers
@@ -43,9 +45,9 @@ class Worker:
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer)
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     args = trl.GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=PROMPTS * SAMPLES, gradient_accumulation_steps=1,
-        num_generations=SAMPLES, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0,
-        generation_kwargs={"min_new_tokens": NEW_TOKENS}, beta=0.0, num_iterations=1, epsilon=0.2,
+        output_dir=out_dir, per_device_train_batch_size=n_prompts * samples, gradient_accumulation_steps=1,
+        num_generations=samples, max_completion_length=new_tokens, temperature=1.0, top_p=1.0,
+        generation_kwargs={"min_new_tokens": new_tokens}, beta=0.0, num_iterations=1, epsilon=0.2,
         loss_type="dapo", learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, max_steps=steps, logging_steps=10**6, report_to="none", save_strategy="no",
         use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0, disable_tqdm=True, log_completions=False)

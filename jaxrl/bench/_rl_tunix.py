@@ -57,7 +57,8 @@ class Worker:
   def __init__(self, proto, commands):
     self.proto, self.commands = proto, commands
 
-  def setup(self, hf_dir, tokenizer, prompts, steps, out_dir, lr):
+  def setup(self, hf_dir, tokenizer, prompts, steps, out_dir, lr, n_prompts=PROMPTS, samples=SAMPLES,
+            prompt_tokens=PROMPT_TOKENS, new_tokens=NEW_TOKENS):
     import jax
     import numpy as np
     import optax
@@ -78,18 +79,18 @@ class Worker:
       self.prompts = [json.loads(line)["prompt"] for line in f]
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0)),
-        eval_every_n_steps=10**9, max_steps=steps, mini_batch_size=PROMPTS, train_micro_batch_size=PROMPTS,
-        rollout_micro_batch_size=PROMPTS, compute_logps_micro_batch_size=PROMPTS,
+        eval_every_n_steps=10**9, max_steps=steps, mini_batch_size=n_prompts, train_micro_batch_size=n_prompts,
+        rollout_micro_batch_size=n_prompts, compute_logps_micro_batch_size=n_prompts,
         checkpoint_root_directory=None, pbar_description=None)
     rollout = base_rollout.RolloutConfig(
-        max_tokens_to_generate=NEW_TOKENS, max_prompt_length=PROMPT_TOKENS, temperature=1.0, top_p=1.0, top_k=None,
-        kv_cache_size=PROMPT_TOKENS + NEW_TOKENS + 8, eos_tokens=[-1])
+        max_tokens_to_generate=new_tokens, max_prompt_length=prompt_tokens, temperature=1.0, top_p=1.0, top_k=None,
+        kv_cache_size=prompt_tokens + new_tokens + 8, eos_tokens=[-1])
     roles = rl_cluster_lib.Role
     cluster = rl_cluster_lib.ClusterConfig(
         role_to_mesh={roles.ACTOR: mesh, roles.REFERENCE: mesh, roles.ROLLOUT: mesh}, rollout_engine="vanilla",
         offload_to_cpu=False, training_config=training, rollout_config=rollout)
     self.cluster = rl_cluster_lib.RLCluster(actor=model, reference=model, tokenizer=tok, cluster_config=cluster)
-    algo = grpo_learner.GRPOConfig(num_generations=SAMPLES, num_iterations=1, beta=0.0, epsilon=0.2,
+    algo = grpo_learner.GRPOConfig(num_generations=samples, num_iterations=1, beta=0.0, epsilon=0.2,
                                    loss_agg_mode="token-mean")
     self.learner = grpo_learner.GRPOLearner(rl_cluster=self.cluster, algo_config=algo, reward_fns=bench_reward)
     self._instrument()

@@ -16,12 +16,19 @@ Reported per framework: the first step (compilation included), the median steady
 generate and train time, and generated tokens/s; for jaxrl also the cost of one sampling call on
 ``[64, 4096]`` logits and of a whole decode step, greedy against temperature 1 without filters.
 
+``--workload 0.5b``: the larger workload, Qwen2.5-0.5B shapes (random weights, float32, 494M
+parameters) written once to a shared HF directory (``<venv root>/models``, no download) and reused
+by later runs; 2 prompts × 4 samples, 16 prompt + exactly 16 new tokens. Its frameworks run one
+after the other, not interleaved (three 0.5B models with AdamW state would not fit in memory
+together); each does ``--steps`` steps (default 2: the first with compilation, then one steady).
+
 Prints a table and writes JSON. Nothing here is a timed test.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -37,6 +44,31 @@ PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 8, 8, 32, 64
 TINY = dict(vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
             head_dim=32)
 LR = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """One benchmark workload: batch shape, model shape and how its frameworks are scheduled."""
+
+  prompts: int
+  samples: int
+  prompt_tokens: int
+  new_tokens: int
+  model: dict[str, int]  # ModelConfig.qwen2p5_0p5b overrides
+  steps: int  # default --steps
+  interleave: bool  # one step of each framework in turn (else one framework after the other)
+  shared_model: bool  # the HF directory lives under <venv root>/models and is written once
+
+  def batch(self) -> dict[str, int]:
+    """What every worker's ``setup`` receives."""
+    return dict(n_prompts=self.prompts, samples=self.samples, prompt_tokens=self.prompt_tokens,
+                new_tokens=self.new_tokens)
+
+
+WORKLOADS = {
+    "tiny": Workload(PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS, TINY, steps=6, interleave=True, shared_model=False),
+    "0.5b": Workload(2, 4, 16, 16, {}, steps=2, interleave=False, shared_model=True),
+}
 PEERS = {
     # name: (worker file next to this module, pinned requirements of its virtualenv)
     "trl": ("_rl_trl.py", ["torch==2.13.0", "trl==1.16.0", "transformers==5.24.0", "accelerate==1.16.0",
@@ -98,21 +130,51 @@ def write_tokenizer(out_dir: Path, vocab: int) -> None:
   fast.save_pretrained(out_dir)
 
 
-def write_workload(root: Path, *, model: dict[str, int] | None = None, seed: int = 0) -> dict[str, str]:
-  """The shared HF model directory, tokenizer directory and prompts file; returns their paths. (The
-  tokenizer has its own directory: next to a ``qwen2`` config.json, ``AutoTokenizer`` would take it
-  for a Qwen2 BPE tokenizer.)"""
+MODEL_MARKER = ".jaxrl_bench_complete"
+
+
+def shared_model_dir(cfg, seed: int) -> Path:
+  """``<venv root>/models/<shape>-seed<seed>``: where a shared workload's random model is kept."""
+  name = (f"qwen2-v{cfg.vocab_size}-d{cfg.hidden_size}-f{cfg.intermediate_size}-l{cfg.num_layers}-"
+          f"h{cfg.num_heads}-kv{cfg.num_kv_heads}-{cfg.param_dtype}-seed{seed}")
+  return venv_root() / "models" / name
+
+
+def _write_model(cfg, hf_dir: Path, seed: int) -> None:
+  """Writes the random model once: into a temporary sibling, renamed when complete (so a killed run
+  never leaves a half-written directory that a later run would take as done)."""
+  if (hf_dir / MODEL_MARKER).exists():
+    return
+  import shutil
   from jaxrl import models
-  cfg = models.ModelConfig.qwen2p5_0p5b(**{**TINY, **(model or {})}, dtype="float32", param_dtype="float32")
-  hf_dir = root / "model"
-  models.save_pretrained(models.init_model(cfg, seed=seed), hf_dir)
+  tmp = hf_dir.with_name(hf_dir.name + ".partial")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.parent.mkdir(parents=True, exist_ok=True)
+  models.save_pretrained(models.init_model(cfg, seed=seed), tmp)
+  (tmp / MODEL_MARKER).write_text("written by jaxrl bench rl\n")
+  shutil.rmtree(hf_dir, ignore_errors=True)
+  tmp.rename(hf_dir)
+
+
+def write_workload(root: Path, *, model: dict[str, int] | None = None, seed: int = 0,
+                   workload: Workload | None = None) -> dict[str, str]:
+  """The HF model directory, tokenizer directory and prompts file of ``workload`` (default tiny);
+  returns their paths. ``model`` overrides the workload's model shape (the model is then written
+  under ``root``, never shared). (The tokenizer has its own directory: next to a ``qwen2``
+  config.json, ``AutoTokenizer`` would take it for a Qwen2 BPE tokenizer.)"""
+  from jaxrl import models
+  wl = workload or WORKLOADS["tiny"]
+  cfg = models.ModelConfig.qwen2p5_0p5b(**{**wl.model, **(model or {})}, dtype="float32", param_dtype="float32")
+  hf_dir = shared_model_dir(cfg, seed) if wl.shared_model and not model else root / "model"
+  _write_model(cfg, hf_dir, seed)
+  root.mkdir(parents=True, exist_ok=True)
   write_tokenizer(root / "tokenizer", cfg.vocab_size)
   import numpy as np
   rng = np.random.default_rng(seed)
   prompts = root / "prompts.jsonl"
   with prompts.open("w") as f:
-    for _ in range(PROMPTS):
-      ids = rng.integers(2, cfg.vocab_size, size=PROMPT_TOKENS)
+    for _ in range(wl.prompts):
+      ids = rng.integers(2, cfg.vocab_size, size=wl.prompt_tokens)
       f.write(json.dumps({"prompt": " ".join(f"w{i}" for i in ids)}) + "\n")
   return {"hf_dir": str(hf_dir), "tokenizer": str(root / "tokenizer"), "prompts": str(prompts)}
 
@@ -124,18 +186,19 @@ def write_workload(root: Path, *, model: dict[str, int] | None = None, seed: int
 class JaxrlWorker:
   """One GRPO step of :class:`jaxrl.rl.RLTrainer` per ``step`` command."""
 
-  def setup(self, **spec: Any) -> dict[str, Any]:
+  def setup(self, *, n_prompts: int = PROMPTS, samples: int = SAMPLES, prompt_tokens: int = PROMPT_TOKENS,
+            new_tokens: int = NEW_TOKENS, **spec: Any) -> dict[str, Any]:
     from jaxrl import config as config_lib
     from jaxrl import rl, sampling
     data = {
         "model": {"hf_dir": spec["hf_dir"]}, "tokenizer": spec["tokenizer"],
-        "data": {"train": [spec["prompts"]], "builtin": None, "max_prompt_tokens": PROMPT_TOKENS},
-        "rollout": {"prompts_per_step": PROMPTS, "n": SAMPLES, "max_new_tokens": NEW_TOKENS, "temperature": 1.0},
+        "data": {"train": [spec["prompts"]], "builtin": None, "max_prompt_tokens": prompt_tokens},
+        "rollout": {"prompts_per_step": n_prompts, "n": samples, "max_new_tokens": new_tokens, "temperature": 1.0},
         "reward": {"fn": "jaxrl.bench.rl:bench_reward", "runner": {"workers": 1}},
         "algorithm": {"advantage": "grpo", "objective": "ppo_clip", "aggregation": "token_mean",
                       "old_logprobs": "sampler", "kl_coef": 0.0, "mini_batches": 1, "ppo_epochs": 1},
-        "micro_batch": {"token_budget": PROMPTS * SAMPLES * (PROMPT_TOKENS + NEW_TOKENS),
-                        "row_len": PROMPT_TOKENS + NEW_TOKENS},
+        "micro_batch": {"token_budget": n_prompts * samples * (prompt_tokens + new_tokens),
+                        "row_len": prompt_tokens + new_tokens},
         "optim": {"lr": LR, "schedule": "constant", "warmup_steps": 0, "clip_norm": 1.0},
         "steps": spec["steps"], "eval": {"every": 0}, "out_dir": spec["out_dir"], "tensorboard": False,
     }
@@ -144,7 +207,7 @@ class JaxrlWorker:
     t = self.trainer
     # Exactly NEW_TOKENS per sample, as in the peers: this sampler stops at no token.
     t.sampler = sampling.Sampler(t.current_model(), t.tokenizer, mesh=t.mesh, rules=t.rules,
-                                 max_len=PROMPT_TOKENS + NEW_TOKENS, eos_token_ids=[], version=0)
+                                 max_len=prompt_tokens + new_tokens, eos_token_ids=[], version=0)
     self.step_index = 0
     return {"ok": True, "versions": _versions("jax", "jaxlib", "flax", "optax")}
 
@@ -228,12 +291,14 @@ def serve(worker) -> int:
 class Peer:
   """A worker subprocess."""
 
-  def __init__(self, name: str, argv: list[str]):
+  def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None):
     self.name = name
     self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-                                 if os.environ.get("JAXRL_BENCH_QUIET", "1") == "1" else None, text=True)
+                                 if os.environ.get("JAXRL_BENCH_QUIET", "1") == "1" else None, text=True,
+                                 env=None if env is None else {**os.environ, **env})
 
   def ask(self, cmd: str, **kw) -> dict[str, Any]:
+    cpu0 = _proc_cpu_s(self.proc.pid)
     self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
     self.proc.stdin.flush()
     line = self.proc.stdout.readline()
@@ -242,6 +307,12 @@ class Peer:
     ans = json.loads(line)
     if "error" in ans:
       raise RuntimeError(f"bench rl: {self.name} {cmd}: {ans['error']}")
+    cpu1 = _proc_cpu_s(self.proc.pid)
+    if cpu0 is not None and cpu1 is not None:
+      ans["cpu_s"] = cpu1 - cpu0  # the worker's CPU seconds (all threads) over the command
+    rss = _proc_peak_rss_gib(self.proc.pid)
+    if rss is not None:
+      ans["peak_rss_gib"] = rss
     return ans
 
   def close(self) -> None:
@@ -253,91 +324,162 @@ class Peer:
       self.proc.kill()
 
 
+def _proc_cpu_s(pid: int) -> float | None:
+  """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; ``None`` elsewhere). On a
+  shared machine a step's CPU seconds move far less with background load than its wall time."""
+  try:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _proc_peak_rss_gib(pid: int) -> float | None:
+  """Peak resident memory (``VmHWM``) of process ``pid`` in GiB (Linux ``/proc``; ``None`` elsewhere)."""
+  try:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+      if line.startswith("VmHWM:"):
+        return int(line.split()[1]) / 2**20
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
+
+
 def _summary(steps: list[dict[str, float]]) -> dict[str, float]:
   first, rest = steps[0], steps[1:] or steps[:1]
   med = lambda k: statistics.median(s[k] for s in rest)
-  return {"first_step_s": first["step_s"], "step_s": med("step_s"), "generate_s": med("generate_s"),
-          "train_s": med("train_s"), "gen_tok_s": statistics.median(s["tokens"] / s["generate_s"] for s in rest),
-          "step_tok_s": statistics.median(s["tokens"] / s["step_s"] for s in rest), "steps": len(steps)}
+  out = {"first_step_s": first["step_s"], "step_s": med("step_s"), "generate_s": med("generate_s"),
+         "train_s": med("train_s"), "gen_tok_s": statistics.median(s["tokens"] / s["generate_s"] for s in rest),
+         "step_tok_s": statistics.median(s["tokens"] / s["step_s"] for s in rest), "steps": len(steps)}
+  if all("cpu_s" in s for s in steps):
+    out.update(first_step_cpu_s=first["cpu_s"], step_cpu_s=med("cpu_s"))
+  if any("peak_rss_gib" in s for s in steps):
+    out["peak_rss_gib"] = max(s.get("peak_rss_gib", 0.0) for s in steps)
+  return out
+
+
+XLA_CACHE_ENV = "JAXRL_BENCH_XLA_CACHE"
+"""Set for the jaxrl worker only by ``--xla-cache``: its persistent compilation cache directory."""
 
 
 def run(work: Path, *, steps: int, peers: list[str], sampling: bool = True, model: dict[str, int] | None = None,
-        log=print) -> dict[str, Any]:
-  """Writes the workload under ``work`` (``model`` overrides :data:`TINY`), runs ``steps`` interleaved
-  steps of jaxrl and each peer; returns the raw steps and their summary per framework."""
-  work.mkdir(parents=True, exist_ok=True)
-  spec = write_workload(work, model=model)
-  workers = {"jaxrl": Peer("jaxrl", [sys.executable, "-m", "jaxrl.bench.rl", "--worker"])}
+        workload: str = "tiny", xla_cache: str | None = None, log=print) -> dict[str, Any]:
+  """Writes ``workload`` under ``work`` (``model`` overrides its model shape) and runs ``steps`` steps
+  of jaxrl and each peer whose virtualenv exists: interleaved (one step of each in turn) or, for a
+  workload too large to hold several frameworks in memory, one framework after the other. Returns the
+  raw steps and their summary per framework (and jaxrl's sampling costs on the tiny workload).
+  ``xla_cache``: a persistent compilation cache directory for the jaxrl worker (default none: every
+  framework compiles cold)."""
+  wl = WORKLOADS[workload]
+  spec = write_workload(work, model=model, workload=wl)
+  argvs = {"jaxrl": [sys.executable, "-m", "jaxrl.bench.rl", "--worker"]}
   here = Path(__file__).parent
   for name in peers:
     py = peer_python(name)
     if not py.exists():
       log(f"{name}: no virtualenv at {py.parent.parent} (create it with `jaxrl bench rl --setup {name}`); skipped")
       continue
-    workers[name] = Peer(name, [str(py), str(here / PEERS[name][0])])
+    argvs[name] = [str(py), str(here / PEERS[name][0])]
   results: dict[str, Any] = {"frameworks": {}}
-  try:
-    for name, w in workers.items():
-      ans = w.ask("setup", **spec, steps=steps,
-                  out_dir=str(work / f"out_{name}"), lr=LR)
-      results["frameworks"][name] = {"versions": ans.get("versions", {}), "setup_s": ans["wall_s"], "steps_raw": []}
-    for i in range(steps):
-      for name, w in workers.items():
-        s = w.ask("step")
-        results["frameworks"][name]["steps_raw"].append(s)
-        log(f"step {i + 1} {name}: {s['step_s']:.3f} s (generate {s['generate_s']:.3f}, train {s['train_s']:.3f})")
-    if sampling:
-      results["sampling"] = workers["jaxrl"].ask("sampling")
-  finally:
-    for w in workers.values():
-      w.close()
+  sampling = sampling and workload == "tiny"  # the sampling figures are the tiny model's
+
+  def start(name: str, w: Peer) -> None:
+    ans = w.ask("setup", **spec, **wl.batch(), steps=steps, out_dir=str(work / f"out_{name}"), lr=LR)
+    results["frameworks"][name] = {"versions": ans.get("versions", {}), "setup_s": ans["wall_s"], "steps_raw": []}
+
+  def step(i: int, name: str, w: Peer) -> None:
+    s = w.ask("step")
+    results["frameworks"][name]["steps_raw"].append(s)
+    log(f"step {i + 1} {name}: {s['step_s']:.3f} s (generate {s['generate_s']:.3f}, train {s['train_s']:.3f})")
+
+  groups = [list(argvs)] if wl.interleave else [[name] for name in argvs]
+  for group in groups:
+    workers = {}
+    try:
+      for name in group:
+        env = {XLA_CACHE_ENV: str(xla_cache)} if name == "jaxrl" and xla_cache else None
+        workers[name] = Peer(name, argvs[name], env) if env else Peer(name, argvs[name])
+        start(name, workers[name])
+      for i in range(steps):
+        for name, w in workers.items():
+          step(i, name, w)
+      if sampling and "jaxrl" in workers:
+        results["sampling"] = workers["jaxrl"].ask("sampling")
+    except RuntimeError as e:
+      if "jaxrl" in group:
+        raise
+      log(f"{e}; the other frameworks still run")  # one at a time: a failing peer costs only its own column
+      results["frameworks"].setdefault(group[0], {"steps_raw": []})["error"] = str(e)
+    finally:
+      for w in workers.values():
+        w.close()
   for name, r in results["frameworks"].items():
-    r.update(_summary(r["steps_raw"]))
+    if r["steps_raw"]:
+      r.update(_summary(r["steps_raw"]))
   return results
 
 
 def main(argv: list[str]) -> int:
   p = argparse.ArgumentParser(prog="jaxrl bench rl", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--steps", type=int, default=6, help="steps per framework; the first is reported apart")
+  p.add_argument("--workload", default="tiny", choices=sorted(WORKLOADS),
+                 help="tiny (default; steps interleaved) or 0.5b (Qwen2.5-0.5B shapes; frameworks in turn)")
+  p.add_argument("--steps", type=int, default=None,
+                 help="steps per framework (default 6 tiny, 2 for 0.5b); the first is reported apart")
   p.add_argument("--peers", nargs="*", default=sorted(PEERS), choices=sorted(PEERS))
   p.add_argument("--setup", nargs="*", choices=sorted(PEERS), default=None,
                  help=f"create these peers' virtualenvs under ${VENV_ROOT_ENV} (default ~/.cache/jaxrl/bench) and exit")
-  p.add_argument("--work-dir", default="runs/bench_rl", help="model, prompts and trainer outputs")
-  p.add_argument("--json", default="runs/bench_rl.json")
+  p.add_argument("--work-dir", default=None, help="model, prompts and trainer outputs (default runs/bench_rl[_0.5b])")
+  p.add_argument("--json", default=None, help="output (default runs/bench_rl[_0.5b].json)")
+  p.add_argument("--xla-cache", default=None, metavar="DIR",
+                 help="persistent compilation cache for the jaxrl worker (default: none, a cold compile like the "
+                      "peers'); run twice with the same DIR to measure the cache-hit first step")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   ns = p.parse_args(argv)
   if ns.worker:
+    if os.environ.get(XLA_CACHE_ENV):
+      from jaxrl import _cache
+      _cache.enable_compilation_cache(os.environ[XLA_CACHE_ENV])
     return serve(JaxrlWorker())
   if ns.setup is not None:
     for name in ns.setup or sorted(PEERS):
       setup_peer(name)
       print(f"{name}: {peer_python(name)}")
     return 0
-  if ns.steps < 2:
+  wl = WORKLOADS[ns.workload]
+  steps = wl.steps if ns.steps is None else ns.steps
+  if steps < 2:
     p.error("--steps must be >= 2 (the first step is compilation)")
-  results = run(Path(ns.work_dir), steps=ns.steps, peers=ns.peers)
+  suffix = "" if ns.workload == "tiny" else f"_{ns.workload}"
+  work_dir = Path(ns.work_dir or f"runs/bench_rl{suffix}")
+  out = Path(ns.json or f"runs/bench_rl{suffix}.json")
+  results = run(work_dir, steps=steps, peers=ns.peers, workload=ns.workload, xla_cache=ns.xla_cache)
   results.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                  machine=f"{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
-                 command="jaxrl bench rl " + " ".join(argv),
-                 workload=dict(prompts=PROMPTS, samples=SAMPLES, prompt_tokens=PROMPT_TOKENS, new_tokens=NEW_TOKENS,
-                               model=TINY, lr=LR))
+                 command="jaxrl bench rl " + " ".join(argv), workload=dict(name=ns.workload, **wl.batch(),
+                                                                          model=wl.model, lr=LR))
   print(format_table(results))
-  Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-  Path(ns.json).write_text(json.dumps(results, indent=2))
-  print(f"wrote {ns.json}")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(results, indent=2))
+  print(f"wrote {out}")
   return 0
 
 
 def format_table(results: dict[str, Any]) -> str:
   """Markdown table of the summary (what docs/benchmarks.md records)."""
   fw = results["frameworks"]
-  lines = ["| framework | first step s | median step s | generate s | train s | generated tok/s | jaxrl speed-up |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  lines = ["| framework | first step s | median step s | generate s | train s | generated tok/s | jaxrl speed-up "
+           "| step CPU s | peak RSS GiB |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   base = fw["jaxrl"]["step_s"]
   for name, r in fw.items():
+    if "step_s" not in r:
+      lines.append(f"| {name} | failed: {r.get('error', 'no step')} |")
+      continue
+    cpu = f"{r['step_cpu_s']:.2f}" if "step_cpu_s" in r else "–"
+    rss = f"{r['peak_rss_gib']:.1f}" if "peak_rss_gib" in r else "–"
     lines.append(f"| {name} | {r['first_step_s']:.2f} | {r['step_s']:.3f} | {r['generate_s']:.3f} | "
-                 f"{r['train_s']:.3f} | {r['gen_tok_s']:,.0f} | {r['step_s'] / base:.2f}× |")
+                 f"{r['train_s']:.3f} | {r['gen_tok_s']:,.0f} | {r['step_s'] / base:.2f}× | {cpu} | {rss} |")
   s = results.get("sampling")
   if s:
     lines.append("")

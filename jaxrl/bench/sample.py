@@ -18,9 +18,11 @@ With ``--long-tail N`` (default 64): N prompts whose completion lengths are log-
 at least 8x the median; no eos, so every row ends exactly at its length), generated once by each of
 the rollout engine (:class:`jaxrl.sampling.Engine`, per-row lengths, continuous batching), the
 whole-batch sampler (every row runs to the longest length; only each row's own tokens count) and,
-when torch is installed, HF transformers (``generate_batch`` where it exists, else ``generate``, a
-whole batch like the sampler). Reported: real (counted) tokens per second of each, after a warm-up
-pass that compiles.
+HF transformers (``generate_batch``'s continuous batching where it exists, each row with its own
+length; else ``generate``, a whole batch like the sampler), run in the TRL peer virtualenv of
+``jaxrl bench rl`` (``jaxrl bench rl --setup trl``) as a subprocess (``jaxrl/bench/_sample_hf.py``)
+and reported skipped when that virtualenv does not exist. Reported: real (counted) tokens per
+second of each, after a warm-up pass that compiles.
 
 Prints a table and writes JSON. The HF columns need torch (not a jaxrl dependency).
 """
@@ -136,6 +138,7 @@ def _bench_long_tail(num: int, *, n: int, median: int, slots: int, seed: int) ->
   engine = sampling.Engine(model, None, num_slots=slots, max_len=max_len, block_size=16,
                            num_blocks=slots * (-(-max_len // 16) + 1), eos_token_ids=[])
   sampler = sampling.Sampler(model, None, max_len=max_len, eos_token_ids=[])
+  paged = sampling.Sampler(model, None, max_len=max_len, eos_token_ids=[], paged=True)  # generate on an engine
   requests = [sampling.Request(prompt=p, n=n, max_new_tokens=int(k), temperature=1.0, request_id=i)
               for i, (p, k) in enumerate(zip(prompts, lengths))]
 
@@ -143,21 +146,23 @@ def _bench_long_tail(num: int, *, n: int, median: int, slots: int, seed: int) ->
     engine.submit(requests)
     return sum(len(c.tokens) for c in engine.completions())
 
-  def run_sampler():
-    out = sampler.generate(prompts, n=n, max_new_tokens=longest, temperature=1.0)
+  def run_sampler(s=sampler):
+    out = s.generate(prompts, n=n, max_new_tokens=longest, temperature=1.0)
     return int(np.minimum(out.lengths, np.repeat(lengths, n)).sum())
 
   timings = {}
-  for name, fn in (("engine", run_engine), ("whole_batch", run_sampler)):
+  for name, fn in (("engine", run_engine), ("whole_batch", run_sampler),
+                   ("whole_batch_paged", lambda: run_sampler(paged))):
     fn()  # warm-up: compiles
     t = time.perf_counter()
     got = fn()
     timings[name] = time.perf_counter() - t
     assert got == real, (name, got, real)
-  hf = _hf_long_tail(model, prompts, lengths, n) if _has_torch() else None
+  hf = hf_long_tail(model, prompts, lengths, n, slots=slots)
   res = dict(prompts=num, n=n, median=int(np.median(lengths)), longest=longest, real_tokens=real, slots=slots,
              engine_s=timings["engine"], whole_batch_s=timings["whole_batch"],
              engine_tok_s=real / timings["engine"], whole_batch_tok_s=real / timings["whole_batch"],
+             whole_batch_paged_tok_s=real / timings["whole_batch_paged"],
              engine_stats=engine.stats(), hf=hf)
   res["engine_over_whole_batch"] = res["engine_tok_s"] / res["whole_batch_tok_s"]
   return res
@@ -171,35 +176,32 @@ def _has_torch() -> bool:
   return True
 
 
-def _hf_long_tail(model, prompts, lengths, n) -> dict:
-  import torch
-  import transformers
+def hf_long_tail(model, prompts, lengths, n, *, slots: int = 16, timeout: float = 3600) -> dict:
+  """HF transformers on the long tail, in the TRL peer virtualenv (torch CPU + transformers; see
+  ``jaxrl bench rl --setup trl``) as a subprocess (``jaxrl/bench/_sample_hf.py``): the same weights
+  (written to a temporary HF directory), prompts and per-row lengths, temperature 1. Returns its
+  JSON answer, or ``{"skipped": reason}`` when that virtualenv does not exist."""
+  import subprocess
+  from pathlib import Path
 
   from jaxrl import models
+  from jaxrl.bench import rl as bench_rl
+  py = bench_rl.peer_python("trl")
+  if not py.exists():
+    return {"skipped": f"no TRL virtualenv at {py.parent.parent} (create it with `jaxrl bench rl --setup trl`)"}
   with tempfile.TemporaryDirectory() as tmp:
-    models.save_pretrained(model, tmp)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-  hf.eval()
-  longest = int(max(lengths))
-  method = "generate_batch" if hasattr(hf, "generate_batch") else "generate"
-
-  def run():
-    with torch.no_grad():
-      if method == "generate_batch":
-        cfg = transformers.GenerationConfig(max_new_tokens=longest, do_sample=True, eos_token_id=None, pad_token_id=0)
-        hf.generate_batch([p for p in prompts for _ in range(n)], generation_config=cfg)
-      else:
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts for _ in range(n)])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts for _ in range(n)])
-        hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=longest,
-                    min_new_tokens=longest, eos_token_id=None, pad_token_id=0)
-
-  t = time.perf_counter()
-  run()
-  sec = time.perf_counter() - t
-  real = int(sum(lengths)) * n
-  return dict(method=method, seconds=sec, tok_s=real / sec)
+    models.save_pretrained(model, Path(tmp) / "model")
+    spec = Path(tmp) / "spec.json"
+    spec.write_text(json.dumps({"hf_dir": str(Path(tmp) / "model"), "prompts": [list(map(int, p)) for p in prompts],
+                                "lengths": [int(k) for k in lengths], "n": int(n), "slots": int(slots),
+                                "threads": os.cpu_count() or 1}))
+    proc = subprocess.run([str(py), str(Path(__file__).parent / "_sample_hf.py"), str(spec)], capture_output=True,
+                          text=True, timeout=timeout)
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+  if proc.returncode or not lines:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    raise RuntimeError(f"bench sample: the HF worker ({py}) failed with status {proc.returncode}: {tail[0]}")
+  return json.loads(lines[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"long tail: {tail['prompts']}x{tail['n']} rows, completion median {tail['median']}, longest "
           f"{tail['longest']}, {tail['real_tokens']} real tokens | engine ({tail['slots']} slots) "
           f"{tail['engine_tok_s']:.1f} tok/s | whole batch {tail['whole_batch_tok_s']:.1f} tok/s | engine/whole "
-          f"{tail['engine_over_whole_batch']:.2f}x | HF "
-          + (f"{hf['method']} {hf['tok_s']:.1f} tok/s" if hf else "skipped (torch not installed)"))
+          f"{tail['engine_over_whole_batch']:.2f}x | Sampler(paged=True) {tail['whole_batch_paged_tok_s']:.1f} "
+          "tok/s | HF "
+          + (f"skipped: {hf['skipped']}" if "skipped" in hf else
+             f"{hf['method']} {hf['tok_s']:.1f} tok/s (engine/HF {tail['engine_tok_s'] / hf['tok_s']:.2f}x)"))
   print(f"load average {statistics.mean(report['load_avg']):.2f} over {threads} CPUs; JSON: {args.out}")
   with open(args.out, "w") as f:
     json.dump(report, f, indent=2)

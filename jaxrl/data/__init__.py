@@ -15,7 +15,15 @@ from jaxrl.data._packing import (
     stack_rows,
 )
 from jaxrl.data._pipeline import DataConfig, sft_batches, sft_samples
-from jaxrl.data._sources import DataError, JsonlSource, ParquetSource, open_source, record_messages
+from jaxrl.data._skips import SkipReport
+from jaxrl.data._sources import (
+    DataError,
+    JsonlSource,
+    ParquetSource,
+    check_fingerprint,
+    open_source,
+    record_messages,
+)
 from jaxrl.data._synthetic import (
     ArithmeticConfig,
     BuiltinTask,
@@ -45,8 +53,10 @@ __all__ = [
     "PackingConfig",
     "PackingStats",
     "ParquetSource",
+    "SkipReport",
     "assign_rows",
     "build_tiny_tokenizer",
+    "check_fingerprint",
     "encode_chat",
     "encode_prompt",
     "encode_record",

@@ -74,7 +74,8 @@ def sft_samples(config: DataConfig, tokenizer, *, process_index: int | None = No
 
   Returns:
     A Grain ``IterDataset`` of dicts with ``tokens``, ``loss_mask``, ``turn_id``, ``sample_id``
-    (each [L]); see :func:`jaxrl.data.encode_record`.
+    (each [L]); see :func:`jaxrl.data.encode_record`. Its ``source`` attribute is the record source
+    (``bad_reasons``, ``fingerprint()``).
   """
   if not config.paths:
     raise ValueError("DataConfig.paths is empty; give at least one data file")
@@ -93,7 +94,9 @@ def sft_samples(config: DataConfig, tokenizer, *, process_index: int | None = No
   if config.num_epochs != 1:
     ds = ds.repeat(config.num_epochs)
   ds = ds.map(_Encode(tokenizer, config.end_of_turn))
-  return ds.to_iter_dataset(grain.ReadOptions(num_threads=config.num_threads))
+  out = ds.to_iter_dataset(grain.ReadOptions(num_threads=config.num_threads))
+  out.source = source  # its bad records and fingerprint, for the skip report and the checkpoint
+  return out
 
 
 def sft_batches(data: DataConfig, packing: PackingConfig, tokenizer, *,
@@ -111,5 +114,7 @@ def sft_batches(data: DataConfig, packing: PackingConfig, tokenizer, *,
   rows = packing.global_rows // pc
   samples = sft_samples(data, tokenizer, process_index=pi, process_count=pc)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-  return PackedBatchIterDataset(samples, config=packing, pad_id=pad_id, num_rows=rows,
-                                id_offset=pi * rows * packing.seq_len)
+  out = PackedBatchIterDataset(samples, config=packing, pad_id=pad_id, num_rows=rows,
+                               id_offset=pi * rows * packing.seq_len)
+  out.source = samples.source
+  return out

@@ -1,12 +1,12 @@
 """Data of the calculator demo (``configs/agentic_calculator_tiny.yaml``, docs/agentic.md).
 
-Big-number multiplication (``digits``-digit × ``digits``-digit): a tiny model cannot compute the
+Multiplication (``digits``-digit × ``digits``-digit, 2 by default): a tiny model cannot compute the
 product, but it can learn to call the ``calculator`` tool and copy its result. The SFT warm start
 mixes tool-call demonstrations with direct answers (``tool_fraction`` of the demonstrations call
 the tool), so the SFT model calls the tool only part of the time; RL has to raise that rate.
 
-``python -m jaxrl.envs._demo OUT_DIR`` writes ``sft.jsonl`` (chat demonstrations), ``train.jsonl``
-and ``heldout.jsonl`` (``{"prompt", "answer"}`` records, disjoint from each other).
+``python -m jaxrl.envs._demo OUT_DIR [--digits 2 --tool-fraction 0.5 ...]`` writes ``sft.jsonl`` (chat
+demonstrations), ``train.jsonl`` and ``heldout.jsonl`` (``{"prompt", "answer"}`` records, disjoint from each other).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def demonstration(record: dict[str, str], *, use_tool: bool) -> dict:
   return {"messages": messages}
 
 
-def write_calculator_task(out_dir: str | Path, *, n_sft: int = 2000, n_train: int = 2000, n_heldout: int = 128,
-                          digits: int = 3, tool_fraction: float = 0.5, seed: int = 0) -> dict[str, str]:
+def write_calculator_task(out_dir: str | Path, *, n_sft: int = 4000, n_train: int = 2000, n_heldout: int = 128,
+                          digits: int = 2, tool_fraction: float = 0.5, seed: int = 0) -> dict[str, str]:
   """Writes the demo's three JSONL files under ``out_dir``; returns their paths."""
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -62,5 +62,20 @@ def write_calculator_task(out_dir: str | Path, *, n_sft: int = 2000, n_train: in
   return paths
 
 
+def main(argv: list[str] | None = None) -> dict[str, str]:
+  import argparse
+  p = argparse.ArgumentParser(prog="python -m jaxrl.envs._demo", description=__doc__.splitlines()[0])
+  p.add_argument("out_dir", nargs="?", default="runs/agentic_calculator/data")
+  p.add_argument("--n-sft", type=int, default=4000)
+  p.add_argument("--n-train", type=int, default=2000)
+  p.add_argument("--n-heldout", type=int, default=128)
+  p.add_argument("--digits", type=int, default=2)
+  p.add_argument("--tool-fraction", type=float, default=0.5)
+  p.add_argument("--seed", type=int, default=0)
+  a = p.parse_args(argv)
+  return write_calculator_task(a.out_dir, n_sft=a.n_sft, n_train=a.n_train, n_heldout=a.n_heldout, digits=a.digits,
+                               tool_fraction=a.tool_fraction, seed=a.seed)
+
+
 if __name__ == "__main__":
-  print(write_calculator_task(sys.argv[1] if len(sys.argv) > 1 else "runs/agentic_calculator/data"))
+  print(main(sys.argv[1:]))

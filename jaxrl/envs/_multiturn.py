@@ -6,6 +6,10 @@ environment's reply rendered with the tokenizer's chat template (``policy_mask``
 it is never trained on and never counted as a policy token. Each turn is one ``Sampler.generate``
 call over the trajectory so far (prompt + every earlier turn and observation, a new prefill: the
 sampler has no "append tokens" call); rows of all trajectories still running are batched together.
+On :class:`jaxrl.sampling.Engine` (continuous batching) each turn is a request submitted as soon as
+the trajectory's previous observation is ready, so trajectories advance at their own pace while
+environments step in worker threads; a row waiting for its environment holds no slot and no cache
+blocks (its context is prefilled again with the next turn). Both paths draw the same tokens.
 
 Observation tokens are the chat template's text for the new messages after an assistant turn,
 including the assistant turn's own closing text when the policy did not write it (a turn ended by a
@@ -171,7 +175,9 @@ class MultiTurnRollout:
   """Rolls out environment episodes with a :class:`jaxrl.sampling.Sampler` (module docstring).
 
   Args:
-    sampler: the sampler (its ``max_len`` bounds prompt + response).
+    sampler: a :class:`jaxrl.sampling.Sampler` (turn-synchronous batches; ARPO needs it) or a
+      :class:`jaxrl.sampling.Engine` (continuous batching: each trajectory's next turn is submitted
+      as soon as its observation is ready); its ``max_len`` bounds prompt + response.
     tokenizer: the policy's tokenizer (chat template).
     make_env: zero-argument constructor of fresh episodes (:func:`jaxrl.envs.env_factory`).
     max_turns: assistant turns per trajectory.
@@ -188,6 +194,8 @@ class MultiTurnRollout:
     self.max_turns, self.max_turn_tokens = int(max_turns), max_turn_tokens
     self.max_prompt_tokens = max_prompt_tokens
     self.encode_obs = ObservationEncoder(tokenizer, sampler.eos_token_ids)
+    from jaxrl.sampling import Engine
+    self._engine = isinstance(sampler, Engine)
     self._pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="jaxrl-env")
 
   def close(self) -> None:
@@ -222,6 +230,9 @@ class MultiTurnRollout:
       arpo: entropy-based adaptive branching (``None``: ``n`` trajectory-level samples).
     """
     t0 = time.perf_counter()
+    if arpo is not None and self._engine:
+      raise ValueError("arpo: ARPO's entropy probe and fork need jaxrl.sampling.Sampler, not the Engine "
+                       "(rollout.engine=null with an arpo: section)")
     if arpo is not None and not 1 <= arpo.initial_samples <= n:
       raise ValueError(f"arpo.initial_samples={arpo.initial_samples} must be in [1, rollout.n={n}]")
     first = n if arpo is None else arpo.initial_samples
@@ -229,7 +240,10 @@ class MultiTurnRollout:
              for g, (rec, q) in enumerate(zip(records, request_ids)) for j in range(first)]
     self.stats = {"branch_events": 0.0, "branch_paths": 0.0, "probes": 0.0, "topups": 0.0, "generate_calls": 0.0}
     budget = {g: (0 if arpo is None else n - first) for g in range(len(records))}
-    self._advance(trajs, options, arpo, budget)
+    if self._engine:
+      self._advance_engine(trajs, options)
+    else:
+      self._advance(trajs, options, arpo, budget)
     if arpo is not None:  # top up every group to exactly M with trajectory-level samples
       extra = []
       for g, (rec, q) in enumerate(zip(records, request_ids)):
@@ -319,37 +333,107 @@ class MultiTurnRollout:
         results.append((child, cout.tokens[c, :n].tolist(), cout.logprobs[c, :n].tolist(), cout.finish_reason[c]))
     return results
 
+  def _append_turn(self, t: Trajectory, toks: list[int], lps: list[float], reason: str) -> tuple[list[int], str]:
+    """Appends a sampled turn (cut to the trajectory's budget); returns its tokens and its text for the env."""
+    room = t.budget - len(t.tokens)
+    if len(toks) > room:  # the sampler's own cap can exceed the trajectory's remaining budget
+      toks, lps, reason = toks[:room], lps[:room], "length"
+    # A turn cut by max_turn_tokens ("length" with budget left) ends the turn, not the episode.
+    t.tokens += toks
+    t.logprobs += lps
+    t.policy += [1.0] * len(toks)
+    t.turns += 1
+    t.finish = reason
+    eos = self.sampler.eos_token_ids
+    body = toks[:-1] if toks and toks[-1] in eos else toks
+    return toks, self.tok.decode(body, skip_special_tokens=False)
+
+  def _observe(self, t: Trajectory, toks: list[int], result) -> None:
+    """Takes the environment's answer to a turn: ends the trajectory or appends the observation."""
+    obs, reward, done, info = result
+    reason = t.finish
+    t.reward += float(reward)
+    t.last_info = dict(info)
+    full = len(t.tokens) >= t.budget
+    if done or obs is None or full or t.turns >= self.max_turns:
+      t.done = True
+      if not done:  # cut short: budget spent, turn limit, or an environment that gave nothing back
+        t.finish = "length" if full else "turn_limit" if t.turns >= self.max_turns else "env"
+      return
+    t.finish = reason
+    ids = self.encode_obs(obs, last_token=toks[-1] if toks else None)
+    room = t.budget - len(t.tokens)
+    if len(ids) >= room:  # no room left for another turn: the row ends (truncated) inside the observation
+      ids, t.done, t.finish = ids[:room], True, "length"
+    t.tokens += ids
+    t.logprobs += [0.0] * len(ids)
+    t.policy += [0.0] * len(ids)
+
   def _apply(self, finished: list[tuple[Trajectory, list[int], list[float], str]]) -> None:
     """Appends each turn, steps the environments concurrently, appends their observations."""
-    texts = []
-    for t, toks, lps, reason in finished:
-      room = t.budget - len(t.tokens)
-      if len(toks) > room:  # the sampler's own cap can exceed the trajectory's remaining budget
-        toks, lps, reason = toks[:room], lps[:room], "length"
-      # A turn cut by max_turn_tokens ("length" with budget left) ends the turn, not the episode.
-      t.tokens += toks
-      t.logprobs += lps
-      t.policy += [1.0] * len(toks)
-      t.turns += 1
-      t.finish = reason
-      eos = self.sampler.eos_token_ids
-      body = toks[:-1] if toks and toks[-1] in eos else toks
-      texts.append(self.tok.decode(body, skip_special_tokens=False))
-    steps = list(self._pool.map(lambda a: a[0].env.step(a[1]), [(f[0], s) for f, s in zip(finished, texts)]))
-    for (t, toks, _, reason), (obs, reward, done, info) in zip(finished, steps):
-      t.reward += float(reward)
-      t.last_info = dict(info)
-      full = len(t.tokens) >= t.budget
-      if done or obs is None or full or t.turns >= self.max_turns:
-        t.done = True
-        if not done:  # cut short: budget spent, turn limit, or an environment that gave nothing back
-          t.finish = "length" if full else "turn_limit" if t.turns >= self.max_turns else "env"
+    turns = [(f[0], *self._append_turn(*f)) for f in finished]
+    steps = list(self._pool.map(lambda a: a[0].env.step(a[2]), turns))
+    for (t, toks, _), res in zip(turns, steps):
+      self._observe(t, toks, res)
+
+  # ------------------------------------------------------------------------------------------------
+  # Continuous batching on jaxrl.sampling.Engine
+
+  def _advance_engine(self, trajs: list[Trajectory], options: SamplingOptions) -> None:
+    """Runs every trajectory to the end on the engine, each at its own pace.
+
+    Every turn is a request whose prompt is the trajectory so far. When a turn finishes, the row
+    leaves its slot and its cache blocks go back to the pool; the environment steps in the worker
+    threads while the engine keeps decoding the other rows; the next turn is submitted as soon as the
+    observation is appended, and its context is prefilled again (the engine keeps no cache of a
+    finished request). Draws depend only on ``(seed, turn_request_id, token index)``, so the
+    trajectories are those of the turn-synchronous :class:`Sampler` path.
+    """
+    from jaxrl.sampling import Request
+    eng = self.sampler
+    if not eng.idle:
+      raise RuntimeError("MultiTurnRollout: the engine must be idle when a rollout starts")
+    eng.set_stops((), options.stop_strings)
+    inflight: dict[int, Trajectory] = {}
+    stepping: set[cf.Future] = set()
+
+    def submit(rows: list[Trajectory]) -> None:
+      reqs = []
+      for t in rows:
+        room = t.budget - len(t.tokens)
+        rid = turn_request_id(t.question, t.index, t.turns)
+        if rid in inflight:
+          raise ValueError(f"request id {rid} of two trajectories at once: request_ids must be distinct")
+        inflight[rid] = t
+        reqs.append(Request(prompt=t.context(), n=1, temperature=options.temperature, top_p=options.top_p,
+                            top_k=options.top_k, seed=options.seed, request_id=rid,
+                            max_new_tokens=room if self.max_turn_tokens is None else min(room, self.max_turn_tokens)))
+      if reqs:
+        self.stats["generate_calls"] += 1
+        eng.submit(reqs)
+
+    def step_env(t: Trajectory, toks: list[int], text: str):
+      return t, toks, t.env.step(text)
+
+    submit([t for t in trajs if not t.done])
+    while inflight or stepping:
+      if inflight:
+        eng.step()
+      for c in eng.pop_finished():
+        t = inflight.pop(int(c.request_id))
+        toks, text = self._append_turn(t, c.tokens.tolist(), c.logprobs.tolist(), c.finish_reason)
+        stepping.add(self._pool.submit(step_env, t, toks, text))
+      if not stepping:
         continue
-      t.finish = reason
-      ids = self.encode_obs(obs, last_token=toks[-1] if toks else None)
-      room = t.budget - len(t.tokens)
-      if len(ids) >= room:  # no room left for another turn: the row ends (truncated) inside the observation
-        ids, t.done, t.finish = ids[:room], True, "length"
-      t.tokens += ids
-      t.logprobs += [0.0] * len(ids)
-      t.policy += [0.0] * len(ids)
+      if inflight and not eng.idle:
+        ready = {f for f in stepping if f.done()}
+      else:  # nothing to decode: wait for an environment
+        ready, _ = cf.wait(stepping, return_when=cf.FIRST_COMPLETED)
+      stepping -= ready
+      cont = []
+      for f in ready:
+        t, toks, result = f.result()
+        self._observe(t, toks, result)
+        if not t.done:
+          cont.append(t)
+      submit(sorted(cont, key=lambda x: (x.group, x.index)))

@@ -2,10 +2,11 @@
 
 :class:`AgenticTrainer` is :class:`jaxrl.rl.RLTrainer` with its rollout source replaced: each round
 of prompts becomes ``rollout.n`` multi-turn episodes (:class:`MultiTurnRollout`; with an ``arpo:``
-section, ARPO's adaptive branching), scored by the environment's rewards. The rollout carries a
-``policy_mask`` (tool / environment tokens 0) that :func:`jaxrl.rl.loss_mask` folds into the loss
-mask, and ``prefix_ids`` that ``arpo_hard`` / ``arpo_soft`` advantages read. Everything after the
-rollout (advantages, packing, updates, checkpoints) is the RL trainer's own code.
+section, ARPO's adaptive branching; with ``rollout.engine``, continuous batching on the engine),
+scored by the environment's rewards. The rollout carries a ``policy_mask`` (tool / environment
+tokens 0) that :func:`jaxrl.rl.loss_mask` folds into the loss mask, and ``prefix_ids`` that
+``arpo_hard`` / ``arpo_soft`` advantages read. Everything after the rollout (advantages, packing,
+updates, checkpoints) is the RL trainer's own code.
 """
 
 from __future__ import annotations
@@ -76,9 +77,9 @@ class AgenticRLConfig(RLConfig):
       if self.arpo.initial_samples > min(ns):
         raise ValueError(f"arpo.initial_samples={self.arpo.initial_samples} must be <= rollout.n={min(ns)} "
                          "(the global rollout size M)")
-    if self.rollout.engine is not None:
-      raise ValueError("rollout.engine: multi-turn rollouts run on jaxrl.sampling.Sampler so far; set "
-                       "rollout.engine=null with an env: section (docs/agentic.md)")
+    if self.rollout.engine is not None and self.arpo is not None:
+      raise ValueError("rollout.engine: ARPO rollouts (arpo:) need jaxrl.sampling.Sampler (entropy probe, fork); "
+                       "set rollout.engine=null or remove the arpo: section (docs/agentic.md)")
     if getattr(self, "asynchronous", None) is not None:
       raise ValueError("asynchronous: multi-turn rollouts are synchronous so far; remove the section")
 
@@ -151,8 +152,9 @@ class AgenticTrainer(RLTrainer):
 
   def evaluate(self, step: int, *, temperature: float | None = None, samples: int | None = None,
                prefix: str = "eval") -> dict[str, float]:
-    """Held-out episodes (``eval:`` section): accuracy (reward > ``reward.correct_threshold``),
-    mean reward, tool-call rate and the other environment means."""
+    """Held-out episodes (``eval:`` section): accuracy (reward > ``reward.correct_threshold``), also
+    split into episodes with and without a tool call (``accuracy_with_tool`` / ``accuracy_without_tool``,
+    logged when there are any), mean reward, tool-call rate and the other environment means."""
     ev = self.cfg.eval
     if self.heldout_prompts is None or not ev.prompts:
       return {}
@@ -170,6 +172,10 @@ class AgenticTrainer(RLTrainer):
            f"{prefix}/length_mean": float(np.mean([len(t.tokens) for t in batch.trajectories]))}
     if k > 1:
       out[f"{prefix}/pass@{k}"] = float(correct.any(axis=1).mean())
+    called = np.asarray([t.env.metrics().get("tool_calls", 0.0) > 0 for t in batch.trajectories]).reshape(correct.shape)
+    for name, rows in (("with_tool", called), ("without_tool", ~called)):  # accuracy with / without a tool call
+      if rows.any():
+        out[f"{prefix}/accuracy_{name}"] = float(correct[rows].mean())
     out.update(agent_metrics(batch, prefix=prefix))
     return out
 

@@ -20,8 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl import models
-from jaxrl.latent._eot import eot_logits
+from jaxrl.sampling._latent import left_pad, think
 
 
 class LatentOutput(NamedTuple):
@@ -31,58 +30,16 @@ class LatentOutput(NamedTuple):
   n_thoughts: np.ndarray  # [B] int32: thoughts each row took (N without a classifier)
 
 
-def left_pad(prompts: Sequence[np.ndarray], pad_id: int) -> dict[str, np.ndarray]:
-  """``[B, P]`` tokens/positions/segment_ids with each prompt right-aligned at column ``P - 1``."""
-  width = max(len(p) for p in prompts)
-  out = {"tokens": np.full((len(prompts), width), pad_id, np.int32),
-         "positions": np.zeros((len(prompts), width), np.int32),
-         "segment_ids": np.zeros((len(prompts), width), np.int32)}
-  for r, p in enumerate(prompts):
-    out["tokens"][r, width - len(p):] = p
-    out["positions"][r, width - len(p):] = np.arange(len(p))
-    out["segment_ids"][r, width - len(p):] = 1
-  return out
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "thoughts", "eot", "eos", "pad", "max_new_tokens"))
 def _decode(graphdef, state, head, tokens, positions, segment_ids, *, thoughts: int, eot: int | None, eos: int,
             pad: int, max_new_tokens: int):
   model = nnx.merge(graphdef, state)
-  b, p = tokens.shape
-  n, g = thoughts, max_new_tokens
-  cache = models.KVCache.init(model.cfg, b, p + n + 1 + g)
-  last_pos = positions[:, -1]  # [B]
-  h, cache = model(tokens, positions=positions, segment_ids=segment_ids, cache=cache,
-                   cache_start=jnp.zeros((b,), jnp.int32), return_hidden=True)
-  prev = h[:, -1]  # [B, D]
-
-  def think(carry, j):
-    # Thought j goes to cache slot p + j. A row that has stopped (the head fired) writes an invisible
-    # slot (segment 0) instead, so rows end up with different thought counts in one fixed-shape loop.
-    cache, prev, count, thinking, state = carry  # the weights ride in the carry: NNX variables cannot be closed over
-    if head is not None:
-      thinking = thinking & ~(eot_logits(head, prev) > 0)
-    h, cache = nnx.merge(graphdef, state)(
-        jnp.zeros((b, 1), jnp.int32), positions=(last_pos + 1 + count)[:, None],
-        segment_ids=thinking.astype(jnp.int32)[:, None], cache=cache, cache_start=jnp.full((b,), p + j, jnp.int32),
-        return_hidden=True, embeds=prev[:, None], embeds_mask=jnp.ones((b, 1), bool))
-    fed = jnp.where(thinking[:, None], prev, 0)
-    prev = jnp.where(thinking[:, None], h[:, 0], prev)
-    return (cache, prev, count + thinking.astype(jnp.int32), thinking, state), fed
-
-  init = (cache, prev, jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool), state)
-  (cache, prev, count, _, _), thought_inputs = jax.lax.scan(think, init, jnp.arange(n))
+  b = tokens.shape[0]
+  g = max_new_tokens
+  th = think(model, graphdef, state, head, tokens, positions, segment_ids, thoughts=thoughts, eot=eot, extra=g)
+  cache, slot, pos = th.cache, th.slot, th.pos
+  first = jnp.argmax(th.first_logits, axis=-1).astype(jnp.int32)
   ones = jnp.ones((b, 1), jnp.int32)
-  slot, pos = p + n, last_pos + 1 + count
-  unembed = model.unembed_matrix()
-  if eot is None:  # no markers: the last prompt (or thought) position predicts the first token
-    first = jnp.argmax(jnp.einsum("bd,dv->bv", prev, unembed.astype(prev.dtype),
-                                  preferred_element_type=jnp.float32), axis=-1).astype(jnp.int32)
-  else:
-    logits, cache = model(jnp.full((b, 1), eot, jnp.int32), positions=pos[:, None], segment_ids=ones,
-                          cache=cache, cache_start=jnp.full((b,), slot, jnp.int32))
-    first = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
-    slot, pos = slot + 1, pos + 1
 
   def body(i, carry):
     cache, tok, out, done, state = carry
@@ -97,7 +54,7 @@ def _decode(graphdef, state, head, tokens, positions, segment_ids, *, thoughts: 
   _, _, out, done, _ = jax.lax.fori_loop(0, g, body, (cache, first, out, jnp.zeros((b,), bool), state))
   is_eos = out == eos
   lengths = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, g)
-  return out, lengths, jnp.swapaxes(thought_inputs, 0, 1).astype(jnp.float32), count
+  return out, lengths, th.thought_inputs, th.count
 
 
 def latent_generate(model, prompts: Sequence[np.ndarray], *, thoughts: int, eot: int | None, eos: int, pad: int,

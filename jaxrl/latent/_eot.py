@@ -13,15 +13,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl.sampling._latent import eot_logits  # noqa: F401  (defined a layer below, for decoding)
+
 
 def init_eot_head(hidden_size: int) -> dict[str, jax.Array]:
   """``{"w": [D] zeros, "b": [] zeros}`` float32 (initial probability 1/2 everywhere)."""
   return {"w": jnp.zeros((hidden_size,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
-
-
-def eot_logits(head, hidden: jax.Array) -> jax.Array:  # [..., D] -> [...] float32
-  """``z = h · w + b`` in float32."""
-  return jnp.einsum("...d,d->...", hidden.astype(jnp.float32), head["w"]) + head["b"]
 
 
 def eot_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:  # [B, T] x3 -> []

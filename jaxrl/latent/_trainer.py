@@ -89,6 +89,8 @@ class LatentEval:
   "How latent decoding ends thinking: after c·K thoughts, or when the <eot> head fires (needs eot_head > 0)."
   max_thoughts: int = 0
   "Most thoughts with stop=classifier (0: c·K)."
+  before: bool = True
+  "Also evaluate before training (results eval_before; false skips it and its decode compile)."
 
   def __post_init__(self):
     if self.stop not in ("fixed", "classifier"):
@@ -311,7 +313,8 @@ class CoconutTrainer:
     schedule = stage_schedule(cfg, max_steps)
     logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc=f"latent/{cfg.method}",
                                  show=("loss", "stage", "accuracy"), tensorboard=cfg.tensorboard)
-    results: dict[str, Any] = {"method": cfg.method, "schedule": schedule, "eval_before": self.evaluate()}
+    results: dict[str, Any] = {"method": cfg.method, "schedule": schedule,
+                               "eval_before": self.evaluate() if cfg.eval.before else {}}
     global_step, stage_log = 0, []
     stage_examples = {stage: self.examples(self.train_chains, stage) for stage, _ in schedule}
     # Unpacked: one layout (so one compiled step) for every stage; rows of early stages have their prompt

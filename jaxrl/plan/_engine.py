@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import models, sharding
-from jaxrl.plan._programs import PlanContext, Program, abstract, reference_params, register_programs
+from jaxrl.plan._programs import PlanContext, Program, abstract, reference_params, register_programs, rollout_params
 
 @dataclasses.dataclass(frozen=True)
 class EngineBudget:
@@ -144,10 +144,10 @@ def _free_bytes(ctx: PlanContext) -> int | None:
 
 
 def _resident(ctx: PlanContext) -> tuple:
-  """What the trainer keeps in HBM beside the engine while it rolls out: the optimizer state and, with
-  KL, the reference copy (the engine reads the policy's own parameters)."""
+  """What sits in HBM beside the engine's pool while it rolls out: its weights (a compute-dtype copy) and
+  the float32 master weights, the optimizer state and, with KL, the reference copy."""
   ref = reference_params(ctx) if ctx.cfg.algorithm.kl_coef > 0 else ()
-  return ctx.state.opt_state, ref
+  return rollout_params(ctx), ctx.state.opt_state, ref
 
 
 def budgets(ctx: PlanContext) -> list[tuple[str, EngineBudget]]:
@@ -170,8 +170,8 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
   mc = ctx.model_cfg
   out = []
   repl = NamedSharding(ctx.mesh, PartitionSpec())
-  params = ctx.params  # the engine reads the policy's parameters (``RLTrainer.current_model()``)
-  resident_params = reference_params(ctx) if cfg.algorithm.kl_coef > 0 else ()
+  params, master = rollout_params(ctx)  # ``RLTrainer.sampling_model()``: compute-dtype weights
+  resident_params = (master, reference_params(ctx) if cfg.algorithm.kl_coef > 0 else ())
   opt_state = ctx.state.opt_state
   for tag, b in budgets(ctx):
     bad = b.check()
@@ -186,8 +186,9 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
     pages = (page, page)
     co = {"params": (params, resident_params), "opt_state": opt_state, "kv_cache": pages}
     budget_note = (f"pool {b.num_blocks} blocks x {b.block_size} = {b.tokens_resident} tokens "
-                   f"({b.bytes_per_device / 2**30:.2f} GiB per device); optimizer state"
-                   + (" and KL reference" if cfg.algorithm.kl_coef > 0 else "") + " co-resident")
+                   f"({b.bytes_per_device / 2**30:.2f} GiB per device); "
+                   + (f"{mc.dtype} weights read, float32 master weights, " if master else "")
+                   + "optimizer state" + (" and KL reference" if cfg.algorithm.kl_coef > 0 else "") + " co-resident")
     prompt_bucket = max(_sampler.length_bucket(cfg.data.max_prompt_tokens - 1, minimum=8), b.block_size)
     longest = max(_sampler.length_bucket(b.max_len - 2, minimum=8), b.block_size)
     for name, p in (("engine_prefill", prompt_bucket), ("engine_recompute", longest)):

@@ -204,6 +204,8 @@ class Plan:
   platform: str
   engine: list[str] = dataclasses.field(default_factory=list)
   "The rollout engine's KV budget per device, one line per distinct ``max_len`` (empty without an engine)."
+  variant: dict[str, Any] = dataclasses.field(default_factory=dict)
+  "The recipe's ``plan.overrides`` for this target (``load_recipe(..., target=)`` applies them)."
 
   @property
   def ok(self) -> bool:
@@ -217,10 +219,15 @@ def platform_attention(target: Target) -> str:
   return "pallas_tpu" if target.platform == "tpu" else "pallas_triton"
 
 
-def load_recipe(path: str | None, overrides=()):
+def load_recipe(path: str | None, overrides=(), *, target: str | None = None):
+  """The recipe at ``path``; with ``target``, its ``plan.overrides[target]`` applied before ``overrides``
+  (what ``jaxrl plan --target`` and ``jaxrl rl --target`` run)."""
   from jaxrl import config as config_lib
   from jaxrl.rl import RLConfig
-  return config_lib.load(RLConfig, path, list(overrides))
+  cfg = config_lib.load(RLConfig, path, list(overrides))
+  if target is not None and cfg.plan.overrides.get(target):
+    cfg = config_lib.load(RLConfig, path, [*cfg.plan.for_target(target), *overrides])
+  return cfg
 
 
 def model_config(cfg, *, attention: str, layers: int | None):
@@ -241,19 +248,34 @@ def model_config(cfg, *, attention: str, layers: int | None):
   return dataclasses.replace(mc, **overrides)
 
 
+def program_names(programs) -> list[str]:
+  """The registered program groups ``programs`` names (all of them for ``None``); an unknown one is an error."""
+  from jaxrl.plan._programs import PROGRAMS
+  names = list(PROGRAMS) if programs is None else list(programs)
+  unknown = set(names) - set(PROGRAMS)
+  if unknown:
+    raise ValueError(f"--programs: unknown {sorted(unknown)}; known: {list(PROGRAMS)}")
+  return names
+
+
 def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: int | None = None,
                 programs: tuple[str, ...] | None = None, stages: tuple[int, ...] | None = None,
-                recipe: str = "", verbose: bool = False) -> Plan:
-  """Compiles every registered program of ``cfg`` for ``target_name`` (see module docstring)."""
+                recipe: str = "", verbose: bool = False, compile: bool = True) -> Plan:
+  """Compiles every registered program of ``cfg`` for ``target_name`` (see module docstring).
+
+  ``compile=False`` (``--shapes-only``): no compile; each row's peak is its inputs from shapes (parameters,
+  optimizer state, KV cache, batch), a lower bound of the compiled peak (temporaries and outputs are 0).
+  """
+  if getattr(cfg, "asynchronous", None) is not None:  # two sub-meshes, each planned on its own devices
+    from jaxrl.plan._async import plan_async
+    return plan_async(cfg, target_name, attention=attention, layers=layers, programs=programs, stages=stages,
+                      recipe=recipe, verbose=verbose, compile=compile)
   from jaxrl.plan._programs import PROGRAMS, build_context
   target = get_target(target_name)
   devices = target.compile_devices()
   attention = attention or platform_attention(target)
   full = model_config(cfg, attention=attention, layers=None)
-  names = list(PROGRAMS) if programs is None else list(programs)
-  unknown = set(names) - set(PROGRAMS)
-  if unknown:
-    raise ValueError(f"--programs: unknown {sorted(unknown)}; known: {list(PROGRAMS)}")
+  names = program_names(programs)
 
   contexts = {}
 
@@ -271,7 +293,12 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
   full_programs = programs_at(None)
   from jaxrl.plan._engine import budgets
   engine = [line for tag, b in budgets(contexts[None]) for line in b.lines(f"stages {tag}")]
-  if layers is None or layers * 2 >= full.num_layers:
+  if not compile:
+    rows = [_measure(p, target, precheck=True) for p in full_programs]
+    for r in rows:
+      r.note += "; from shapes only (not compiled: temporaries and outputs not counted, peak is a lower bound)"
+    compiled = ()
+  elif layers is None or layers * 2 >= full.num_layers:
     rows = [_measure(p, target, verbose=verbose) for p in full_programs]
     compiled = (full.num_layers,)
   else:
@@ -288,7 +315,8 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
   mesh = dict(build_mesh_shape(cfg, devices))
   rows = [_finish(r, target, len(devices)) for r in rows]
   return Plan(recipe=recipe, target=target.name, mesh=mesh, attention=attention, layers=full.num_layers,
-              compiled_layers=compiled, rows=rows, platform=target.platform, engine=engine)
+              compiled_layers=compiled, rows=rows, platform=target.platform, engine=engine,
+              variant=dict(cfg.plan.overrides.get(target.name, {})))
 
 
 def build_mesh_shape(cfg, devices) -> dict[str, int]:
@@ -305,9 +333,13 @@ def format_plan(plan: Plan) -> str:
   """The plan as a Markdown table plus notes (what is measured, what is estimated, what failed)."""
   head = (f"plan: {plan.recipe or 'recipe'} on {plan.target} ({plan.platform}), mesh {plan.mesh}, "
           f"attention={plan.attention}, {plan.layers} layers")
-  if len(plan.compiled_layers) > 1:
+  if not plan.compiled_layers:
+    head += " (NOT COMPILED: inputs from shapes only; peak is a lower bound)"
+  elif len(plan.compiled_layers) > 1:
     head += (f" (compiled {plan.compiled_layers[0]} and {plan.compiled_layers[1]} layers; bytes, FLOPs and "
              "collectives extrapolated linearly to all layers)")
+  if plan.variant:
+    head += f"; recipe variant plan.overrides[{plan.target}]: " + ", ".join(f"{k}={v}" for k, v in plan.variant.items())
   cols = ["program", "status", "params", "opt", "kv", "batch", "temp", "out", "peak", "HBM", "headroom",
           "compiler TFLOP", "model TFLOP", "collective GiB", "est. s"]
   lines = [head, *plan.engine, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -338,10 +370,11 @@ def advice(r: Row, plan: Plan) -> str:
     return f"{r.program} failed to compile: {r.error[:600]}"
   what = r.largest or "unknown allocation"
   need = f"peak {_gib(r.peak)} GiB > HBM {_gib(r.hbm)} GiB" if r.peak else (r.error[:400] or "out of memory")
-  if r.program.startswith("engine"):
+  program = r.program.rsplit("/", 1)[-1]  # an asynchronous recipe's rows are "rollout/…", "trainer/…"
+  if program.startswith("engine"):
     fix = ("the engine's pool is rollout.engine.kv_cache_bytes per device (from shapes) and its decode holds "
            "num_slots rows: a smaller kv_cache_bytes, fewer num_slots or prefill_rows, or more devices")
-  elif r.program.startswith("sampler"):
+  elif program.startswith("sampler"):
     fix = ("the fixed-shape sampler allocates a KV cache for every row at the full length: fewer rows per "
            "generate call (rollout.reward_overlap_chunks), a shorter max_new_tokens, more devices, or the "
            "paged rollout engine")
@@ -374,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--programs", default=None, help="comma-separated subset of the registered program groups")
   p.add_argument("--stages", default=None, help="comma-separated context-stage indices to plan (default: all)")
   p.add_argument("--json", default=None, help="write the table(s) as JSON here")
+  p.add_argument("--shapes-only", action="store_true",
+                 help="no compile: inputs from shapes only (a lower bound of each program's peak; seconds, not minutes)")
   p.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
   ns = p.parse_args(argv)
   _cpu_backend()
@@ -386,10 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     plans = []
     for t in targets:
       plans.append(plan_recipe(
-          cfg, t, attention=ns.attention, layers=ns.layers,
+          load_recipe(ns.config, ns.overrides, target=t), t, attention=ns.attention, layers=ns.layers,
           programs=tuple(ns.programs.split(",")) if ns.programs else None,
           stages=tuple(int(s) for s in ns.stages.split(",")) if ns.stages else None, recipe=ns.config,
-          verbose=True))
+          verbose=True, compile=not ns.shapes_only))
   except (ConfigError, ValueError, TargetUnavailable) as e:
     print(f"jaxrl plan: {e}", file=sys.stderr)
     return 2

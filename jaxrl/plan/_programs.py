@@ -243,9 +243,14 @@ def reference_params(ctx: PlanContext):
   return abstract(shape, jax.tree.map(lambda p: p.sharding, ctx.params))
 
 
-def sampler_params(ctx: PlanContext):
-  """What the sampler holds: compute-dtype weights with the parameters' shardings."""
-  return reference_params(ctx)
+def rollout_params(ctx: PlanContext) -> tuple:
+  """``(what the sampler or engine reads, the float32 master weights beside it)``: ``RLTrainer.sampling_model()``
+  hands it a compute-dtype copy (cast on device) when the compute dtype differs from the master weights'
+  dtype, else the master weights themselves (nothing beside them)."""
+  dtype = jnp.dtype(ctx.model_cfg.dtype)
+  if all(x.dtype == dtype for x in jax.tree.leaves(ctx.params) if jnp.issubdtype(x.dtype, jnp.floating)):
+    return ctx.params, ()
+  return reference_params(ctx), ctx.params
 
 
 def _row_bucket(count: int, dp: int) -> int:
@@ -266,7 +271,7 @@ def sampler_programs(ctx: PlanContext) -> list[Program]:
   mc = ctx.model_cfg
   programs = _sampler._programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(mc.dtype), r.decode_impl)
   dp = math.prod(ctx.mesh.shape[a] for a in ctx.rules.mesh_axes("cache_batch"))
-  params = sampler_params(ctx)
+  params, master = rollout_params(ctx)
   out = []
   for st, tag in _distinct(ctx.stages, lambda s: (s.max_new, s.n)):
     prompts = -(-r.prompts_per_step // r.reward_overlap_chunks)
@@ -289,7 +294,7 @@ def sampler_programs(ctx: PlanContext) -> list[Program]:
                               params, seed, {k: v for k, v in kwargs.items() if not isinstance(v, (int, bool))})
     rows_abs = _constrained_rows(programs, rows_abs)
     out.append(Program(name=f"sampler_prefill[{tag}]", fn=programs.prefill, args=(params, seed),
-                       kwargs=kwargs, parts={"params": params, "batch": (seed, kwargs)}, outputs=rows_abs.cache,
+                       kwargs=kwargs, parts={"params": (params, master), "batch": (seed, kwargs)}, outputs=rows_abs.cache,
                        flops=prefill_flops, note=shape))
     stops = _sampler._Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
                             jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
@@ -297,7 +302,7 @@ def sampler_programs(ctx: PlanContext) -> list[Program]:
     decode_flops = mc.flops_per_token(p_bucket + g_bucket, training=False) * rows * g_bucket
     out.append(Program(name=f"sampler_decode[{tag}]", fn=programs.decode,
                        args=(params, rows_abs, stops, scalar, scalar), kwargs={},
-                       parts={"params": params, "kv_cache": rows_abs.cache,
+                       parts={"params": (params, master), "kv_cache": rows_abs.cache,
                               "batch": (rows_abs._replace(cache=None), stops, scalar, scalar)},
                        flops=decode_flops, note=shape + f"; {g_bucket} decode steps in one while loop"))
   return out

@@ -8,9 +8,12 @@ See ``docs/rewards.md``.
 from jaxrl.rewards._autorubric import (
   HashingEmbedder,
   RubricSelection,
+  WordLlamaEmbedder,
   coding_rate,
+  default_embedder,
   propose_evaluate_revise,
   rubric_metrics,
+  select_rubric_texts,
   select_rubrics,
 )
 from jaxrl.rewards._base import RewardFn, RewardResult, RewardValueError, coerce_reward, load_reward
@@ -73,7 +76,14 @@ from jaxrl.rewards._rubric_arm import (
   rubric_arm_judge_reward,
   rubric_arm_judge_value,
 )
-from jaxrl.rewards._runner import RewardBatch, RewardBudgetExceeded, RewardError, RewardRunner, RewardRunnerConfig
+from jaxrl.rewards._runner import (
+    RewardBatch,
+    RewardBudgetExceeded,
+    RewardError,
+    RewardRunner,
+    RewardRunnerConfig,
+    RewardWorkersDied,
+)
 from jaxrl.rewards._sandbox import (
   ExecResult,
   SandboxConfig,
@@ -86,6 +96,9 @@ from jaxrl.rewards._sandbox import (
 __all__ = [
   "HashingEmbedder",
   "RubricSelection",
+  "WordLlamaEmbedder",
+  "default_embedder",
+  "select_rubric_texts",
   "coding_rate",
   "propose_evaluate_revise",
   "rubric_metrics",
@@ -131,6 +144,7 @@ __all__ = [
   "ReasoningGymRewardConfig",
   "RewardBatch",
   "RewardBudgetExceeded",
+  "RewardWorkersDied",
   "RewardError",
   "RewardFn",
   "RewardResult",

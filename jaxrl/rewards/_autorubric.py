@@ -11,10 +11,13 @@ Reference: ``shared/seeds/000`` (Auto-Rubric), eqs. 3–11.
   (τ_min = 0.002, patience 2 in the notes); those low-gain picks are dropped.
 * Analysis: coverage, precision and contribution of each selected rubric (eqs. 9–11).
 
-Embeddings come from a pluggable ``embed(texts) -> [n, d]``. The default `HashingEmbedder` is a
-deterministic bag of hashed word unigrams and bigrams (no model, no download): rubrics that share
-words are close, near-duplicates nearly collinear. A sentence-embedding model plugs in the same way
-(e.g. ``SentenceTransformer(...).encode``).
+Embeddings come from a pluggable ``embed(texts) -> [n, d]``. `default_embedder` picks
+`WordLlamaEmbedder` when the optional ``wordllama`` package is installed (``pip install jaxrl[embed]``):
+static token embeddings distilled from an LLM, 256-d, whose weights (16 MB) and tokenizer ship inside
+the wheel and load with no network (numpy + safetensors + tokenizers, no PyTorch). Otherwise it falls
+back to `HashingEmbedder`, a deterministic bag of hashed word unigrams and bigrams (no model): rubrics
+that share words are close, near-duplicates nearly collinear, synonyms are not. Any other model plugs
+in the same way (e.g. ``SentenceTransformer(...).encode``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from jaxrl.rewards._judge import get_judge, parse_choice
 __all__ = [
   "HashingEmbedder",
   "RubricSelection",
+  "WordLlamaEmbedder",
+  "default_embedder",
+  "select_rubric_texts",
   "coding_rate",
   "propose_evaluate_revise",
   "rubric_metrics",
@@ -117,6 +123,50 @@ class HashingEmbedder:
         h = int.from_bytes(hashlib.blake2b(feat.encode(), digest_size=8).digest(), "little")
         out[row, h % self.dim] += 1.0 if (h >> 63) & 1 else -1.0
     return out
+
+
+class WordLlamaEmbedder:
+  """Sentence embeddings from WordLlama (``wordllama==0.4.0.post1``, the ``embed`` extra): the packaged
+  ``l2_supercat`` static embeddings (``dim`` in 64, 128, 256: truncated Matryoshka dimensions), read
+  from the installed package only (downloads disabled)."""
+
+  name = "wordllama-l2_supercat"
+
+  def __init__(self, dim: int = 256):
+    from pathlib import Path
+
+    import wordllama
+    from wordllama import WordLlama
+
+    self.dim = dim
+    # The package's own files (weights/, tokenizers/) act as the cache; nothing is fetched.
+    self._model = WordLlama.load(cache_dir=Path(wordllama.__file__).parent, disable_download=True,
+                                 trunc_dim=None if dim == 256 else dim)
+
+  def __call__(self, texts: Sequence[str]) -> np.ndarray:
+    return np.asarray(self._model.embed(list(texts)), np.float64)
+
+
+def default_embedder() -> tuple[Callable[[Sequence[str]], np.ndarray], str]:
+  """``(embed, name)``: `WordLlamaEmbedder` when ``wordllama`` is installed, else `HashingEmbedder`
+  (``name`` says which, e.g. for a run's log: ``"hashing (wordllama not installed)"``)."""
+  try:
+    emb = WordLlamaEmbedder()
+  except ImportError:
+    return HashingEmbedder(), "hashing (wordllama not installed)"
+  return emb, emb.name
+
+
+def select_rubric_texts(rubrics: Sequence[str], *, embed: Callable[[Sequence[str]], np.ndarray] | None = None,
+                        **kwargs) -> tuple[list[str], RubricSelection, str]:
+  """`select_rubrics` over rubric texts embedded with ``embed`` (default: `default_embedder`); returns
+  the selected texts in pick order, the selection, and the embedder's name."""
+  if embed is None:
+    embed, name = default_embedder()
+  else:
+    name = getattr(embed, "name", type(embed).__name__)
+  sel = select_rubrics(np.asarray(embed(list(rubrics)), np.float64), **kwargs)
+  return [rubrics[i] for i in sel.indices], sel, name
 
 
 PROPOSE = ("A user preferred response A over response B.\n\nQuery:\n{x}\n\n[A]\n{yp}\n\n[B]\n{ym}\n\n"

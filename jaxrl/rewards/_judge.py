@@ -16,7 +16,7 @@ A `Judge` sends chat requests through the official ``openai`` package to any Ope
 With ``launch`` (`JudgeLaunch`) the judge starts `jaxrl serve` of a local model directory itself, in a
 subprocess on a free loopback port, and `close_judges` (called by ``RLTrainer.close``) stops it.
 `Judge.sequence_logprob` reads prompt log-probs through ``/v1/completions`` with ``echo`` (servers that
-support it, e.g. vLLM; `jaxrl serve` does not yet).
+support it: `jaxrl serve`, vLLM, OpenAI's legacy completions).
 
 A request that still fails raises `JudgeError`; a response without a readable score raises
 `JudgeScoreError`. Inside a `RewardRunner` both become that sample's ``error_value`` with the reason
@@ -288,7 +288,9 @@ class Judge:
     """``log P(continuation | context)``: the summed prompt log-probs of the continuation's tokens, from one
     ``/v1/completions`` request with ``echo: true, logprobs: 0, max_tokens: 1`` over ``context +
     continuation`` (cached and retried like `chat`). Servers that return prompt log-probs with ``echo``
-    (vLLM, OpenAI's legacy completions) serve it; `jaxrl serve` does not yet (a 400 → `JudgeError`).
+    (`jaxrl serve`, vLLM, OpenAI's legacy completions) serve it; one that does not answers a 400
+    (→ `JudgeError`). ``max_tokens: 1`` rather than 0 because some servers reject 0 (the generated
+    token's offset lies past the text and is not counted).
 
     Tokens whose ``text_offset`` lies in ``[len(context), len(context + continuation))`` count, so the
     context should end at a token boundary (e.g. a newline). Raises `JudgeError` (``malformed``) when the

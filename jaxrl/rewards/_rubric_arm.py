@@ -31,6 +31,7 @@ __all__ = [
   "RUBRIC_ARM_JUDGE_TEMPLATE",
   "judge_format_ok",
   "rubric_arm_generator_reward",
+  "rubric_arm_judge_prompts",
   "rubric_arm_judge_reward",
   "rubric_arm_judge_value",
 ]
@@ -79,6 +80,20 @@ def rubric_arm_judge_reward(prompt: str, completion: str, *, label: str, format_
                       info={"reason": reason, "verdict": verdict, "format_ok": ok})
 
 
+def rubric_arm_judge_prompts(rubric: str, question: str, chosen: str, rejected: str, *,
+                             template: str = RUBRIC_ARM_JUDGE_TEMPLATE,
+                             orders: Literal["both", "chosen_first"] = "both") -> tuple[list[str], list[str]]:
+  """``(prompts, labels)``: the frozen judge's prompts for one rubric — ``(y_w, y_l)`` with label ``A``,
+  then with ``orders="both"`` ``(y_l, y_w)`` with label ``B``."""
+  if orders not in ("both", "chosen_first"):
+    raise ValueError(f"orders: {orders!r} is not 'both' or 'chosen_first'")
+  prompts, labels = [template.format(rubric=rubric, question=question, a=chosen, b=rejected)], ["A"]
+  if orders == "both":
+    prompts.append(template.format(rubric=rubric, question=question, a=rejected, b=chosen))
+    labels.append("B")
+  return prompts, labels
+
+
 def rubric_arm_generator_reward(prompt: str, completion: str, *, question: str, chosen: str, rejected: str,
                                 judge_fn: Callable[[Sequence[str]], Sequence[str]],
                                 template: str = RUBRIC_ARM_JUDGE_TEMPLATE,
@@ -90,12 +105,7 @@ def rubric_arm_generator_reward(prompt: str, completion: str, *, question: str, 
   and averages the two ``1(verdict = label)``; ``"chosen_first"`` judges only ``(y_w, y_l)``.
   """
   del prompt
-  if orders not in ("both", "chosen_first"):
-    raise ValueError(f"orders: {orders!r} is not 'both' or 'chosen_first'")
-  prompts, labels = [template.format(rubric=completion, question=question, a=chosen, b=rejected)], ["A"]
-  if orders == "both":
-    prompts.append(template.format(rubric=completion, question=question, a=rejected, b=chosen))
-    labels.append("B")
+  prompts, labels = rubric_arm_judge_prompts(completion, question, chosen, rejected, template=template, orders=orders)
   outs = list(judge_fn(prompts))
   if len(outs) != len(prompts):
     raise ValueError(f"judge_fn returned {len(outs)} completions for {len(prompts)} prompts")

@@ -56,6 +56,11 @@ class RewardRunnerConfig:
   timeout_s: float | None = None
   """Per-sample deadline, counted from `submit`; a sample still running at `collect` past it is an
   error with reason ``timeout`` (its worker thread cannot be interrupted and keeps running)."""
+  max_worker_restarts: int = 3
+  """Process workers: a worker that dies (killed, segfault, ``os._exit``) breaks the pool; it is
+  started again at most this many times per runner, and the samples it lost (their results never came
+  back) are scored again, each result counted once. One more death: `RewardWorkersDied`, so a reward
+  that kills its worker on some input stops the run with a message instead of looping."""
 
   def __post_init__(self):
     if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -75,6 +80,9 @@ class RewardRunnerConfig:
       raise ValueError(f"error_value must be finite, got {self.error_value!r}")
     if self.timeout_s is not None and not self.timeout_s > 0:
       raise ValueError(f"timeout_s must be > 0 or None, got {self.timeout_s!r}")
+    if isinstance(self.max_worker_restarts, bool) or not isinstance(self.max_worker_restarts, int) \
+        or self.max_worker_restarts < 0:
+      raise ValueError(f"max_worker_restarts must be an int >= 0, got {self.max_worker_restarts!r}")
 
   def allowed_errors(self, n: int) -> float:
     """The most errors a batch of `n` samples may have without aborting."""
@@ -102,6 +110,10 @@ class RewardBudgetExceeded(RuntimeError):
       f"reward function {name} failed on {len(self.errors)}/{n} samples "
       f"(max_errors={max_errors!r}); first errors: {first}"
     )
+
+
+class RewardWorkersDied(RuntimeError):
+  """The process pool broke more than ``max_worker_restarts`` times."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,13 +203,32 @@ class RewardRunner:
           f"reward {self.name} cannot be sent to process workers ({e}); pass it as an import "
           "path 'module:function' or use executor='thread'"
         ) from e
-      ctx = multiprocessing.get_context(self.config.mp_context)
-      self._pool: cf.Executor = cf.ProcessPoolExecutor(self.config.workers, mp_context=ctx)
+      self._pool: cf.Executor = self._new_process_pool()
     else:
       self._pool = cf.ThreadPoolExecutor(self.config.workers, thread_name_prefix="jaxrl-reward")
     self._lock = threading.Lock()
+    self._pool_lock = threading.Lock()
+    self.restarts = 0  # process pools started again after a worker died
     self._pending: dict[int, tuple[cf.Future, float]] = {}
     self._next_index = 0
+
+  def _new_process_pool(self) -> cf.ProcessPoolExecutor:
+    ctx = multiprocessing.get_context(self.config.mp_context)
+    return cf.ProcessPoolExecutor(self.config.workers, mp_context=ctx)
+
+  def _restart_pool(self, broken: cf.Executor) -> None:
+    """Replaces the pool ``broken`` (once, however many of its futures report it)."""
+    with self._pool_lock:
+      if self._pool is not broken:
+        return  # another sample of the same pool already restarted it
+      if self.restarts >= self.config.max_worker_restarts:
+        raise RewardWorkersDied(
+            f"reward {self.name}: a process worker died again after {self.restarts} restart(s) "
+            f"(reward.runner.max_worker_restarts={self.config.max_worker_restarts}); check the reward "
+            "function for crashes or memory use")
+      broken.shutdown(wait=False, cancel_futures=True)
+      self._pool = self._new_process_pool()
+      self.restarts += 1
 
   # -- asynchronous feeding --------------------------------------------------------------------
 
@@ -221,7 +252,15 @@ class RewardRunner:
 
   def _schedule(self, prompt: str, completion: str, fields: Mapping[str, Any]) -> cf.Future:
     if self.config.executor == "process":
-      return self._pool.submit(_evaluate_in_worker, self._blob, prompt, completion, fields)
+      pool = self._pool
+      try:
+        fut = pool.submit(_evaluate_in_worker, self._blob, prompt, completion, fields)
+      except cf.BrokenExecutor:
+        self._restart_pool(pool)
+        pool = self._pool
+        fut = pool.submit(_evaluate_in_worker, self._blob, prompt, completion, fields)
+      fut.jaxrl_retry = (pool, prompt, completion, fields)  # what a restart needs to score it again
+      return fut
     return self._pool.submit(_evaluate, self._fn, prompt, completion, fields)
 
   @property
@@ -276,7 +315,13 @@ class RewardRunner:
       fut.cancel()
       return None, None, ("timeout", f"no result within timeout_s={self.config.timeout_s}")
     except cf.BrokenExecutor as e:
-      return None, None, ("worker_died", f"the reward worker process died: {e}")
+      retry = getattr(fut, "jaxrl_retry", None)
+      if retry is None:
+        return None, None, ("worker_died", f"the reward worker process died: {e}")
+      # The sample was lost with its pool (its result never came back): score it again on a new one.
+      pool, prompt, completion, fields = retry
+      self._restart_pool(pool)
+      return self._wait(self._schedule(prompt, completion, fields), t0)
     except Exception as e:  # noqa: BLE001 (e.g. an unpicklable result from a process worker)
       return None, None, ("exception", f"{type(e).__name__}: {e}")
 

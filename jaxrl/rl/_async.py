@@ -24,6 +24,10 @@ more than ``η`` versions old, whatever the number of updates per step (versions
 π_prox is the parameters before the step, held fixed across its ``ppo_epochs × mini_batches``
 updates). ``η = 0`` is the synchronous trainer, step for step. :meth:`AsyncSchedule.take` checks the
 bound on every token and raises if it were ever broken.
+
+Resume. The checkpoint of step ``s`` holds the trainer's prompt stream at group ``s·B``; the groups
+admitted beyond it are not saved, and a resume re-admits them (same prompts and request ids) at version
+``s``: exact for ``η = 0``, fresher first batches for ``η > 0`` (docs/async.md, "Resume").
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from flax import nnx
 
 from jaxrl import losses, models, rewards, sampling, sharding, train
 from jaxrl.rl._config import RLConfig
-from jaxrl.rl._prompts import reward_fields
+from jaxrl.rl._prompts import PromptStream, reward_fields
 from jaxrl.rl._rollout import Rollout
 from jaxrl.rl._trainer import RLTrainer
 
@@ -84,13 +88,15 @@ class AsyncSchedule:
     batch: ``B``, prompt groups per training batch.
     max_staleness: ``η``.
     total_groups: groups to admit in all (``steps × B``).
+    start: batches already trained (a resume from the checkpoint of step ``start``): the rollout starts at
+      version ``start`` with groups ``start·B …`` and nothing in flight.
   """
 
-  def __init__(self, batch: int, max_staleness: int, total_groups: int):
+  def __init__(self, batch: int, max_staleness: int, total_groups: int, *, start: int = 0):
     self.B, self.eta, self.total = batch, max_staleness, total_groups
-    self.version = 0  # i: the rollout's policy version
-    self.admitted = 0  # N_r
-    self.taken = 0  # batches handed to the trainer
+    self.version = start  # i: the rollout's policy version
+    self.admitted = start * batch  # N_r
+    self.taken = start  # batches handed to the trainer
     self.buffer: dict[int, Group] = {}
     self.capacity = (max_staleness + 1) * batch
     self.cond = threading.Condition()
@@ -374,7 +380,7 @@ class AsyncRLTrainer(RLTrainer):
 
   def _make_request(self, index: int):
     r = self.cfg.rollout
-    (prompt,), (rid,) = self.stream.take(1)  # the synchronous trainer's prompt and request-id order
+    (prompt,), (rid,) = self.admit_stream.take(1)  # the synchronous trainer's prompt and request-id order
     req = sampling.Request(prompt=self.train_prompts.ids[prompt].tolist(), n=r.n, max_new_tokens=r.max_new_tokens,
                            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
                            request_id=rid)
@@ -398,29 +404,40 @@ class AsyncRLTrainer(RLTrainer):
 
   def run(self, *, until: int | None = None) -> dict[str, Any]:
     cfg = self.cfg
+    start_step = 0
     if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
-      raise ValueError("asynchronous: resuming from a checkpoint is not supported yet (the in-flight buffer is "
-                       "not saved); use a fresh out_dir or checkpoint.resume=never")
+      # The checkpoint of step s holds the parameters after s steps and the prompt stream at group s·B (the
+      # trainer's stream advances one batch per step). Groups admitted beyond it (async/ahead_groups at step
+      # s) are not saved: the rollout restarts at version s and draws them again, same prompts and ids.
+      start_step = self._restore()
     logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="rl-async",
                                  show=("reward/mean", "accuracy", "eval/accuracy", "async/staleness_mean",
                                        "async/tok_s_effective"), tensorboard=cfg.tensorboard)
-    results: dict[str, Any] = {"start_step": 0}
-    if cfg.eval.every:
+    results: dict[str, Any] = {"start_step": start_step}
+    if start_step:
+      logger.note(f"resumed from step {start_step}: the rollout restarts at version {start_step}; the groups the "
+                  f"interrupted run had admitted ahead (async/ahead_groups of step {start_step}) are drawn again")
+    elif cfg.eval.every:
       results["eval_before"] = self.evaluate(1)
       logger.log(0, results["eval_before"])
     last = cfg.steps if until is None else min(until, cfg.steps)
     B = cfg.rollout.prompts_per_step
-    self.staleness = AsyncSchedule(B, self.eta, last * B)
-    self.engine = self._build_engine(version=0)
+    # The rollout thread admits from its own copy of the stream; self.stream (checkpointed) follows the batches.
+    self.admit_stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
+    self.admit_stream.set_state(self.stream.get_state())
+    self.staleness = AsyncSchedule(B, self.eta, max(last, start_step) * B, start=start_step)
+    self.engine = self._build_engine(version=start_step)
     self.worker = RolloutWorker(self.engine, self.staleness, make_request=self._make_request, score=self._score_group,
                                 on_row=self._on_row, one_off=cfg.asynchronous.mode == "one_off",
                                 interrupt=cfg.asynchronous.interrupt)
     stop = threading.Event()
     failure: list[BaseException] = []
+    self._preempted = None  # (signal, step) once the trainer thread stopped on a pre-emption signal
+    self._preempt.install()
 
     def trainer_loop():
       try:
-        self._train_loop(last, logger, results, stop)
+        self._train_loop(start_step, last, logger, results, stop)
       except BaseException as e:  # noqa: BLE001 (re-raised on the calling thread)
         failure.append(e)
       finally:
@@ -440,6 +457,9 @@ class AsyncRLTrainer(RLTrainer):
     thread.join()
     if failure:
       raise failure[0]
+    if self._preempted is not None:
+      self._stop(*self._preempted, logger)  # the checkpoint commits, then train.Preempted (exit 143)
+    self._preempt.uninstall()
     results["time_total"] = time.perf_counter() - t_start
     if self.checkpointer is not None:
       self.checkpointer.close()
@@ -452,16 +472,19 @@ class AsyncRLTrainer(RLTrainer):
     (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 
-  def _train_loop(self, last: int, logger, results: dict, stop: threading.Event) -> None:
+  def _train_loop(self, start_step: int, last: int, logger, results: dict, stop: threading.Event) -> None:
     cfg, r = self.cfg, self.cfg.rollout
     t_prev = time.perf_counter()
-    for step in range(1, last + 1):
+    for step in range(start_step + 1, last + 1):
       j = step - 1
       t_wait = time.perf_counter()
       if not self.staleness.wait_ready(j, stop):
         return
       t0 = time.perf_counter()
       groups = self.staleness.take(j)
+      prompts, ids = self.stream.take(len(groups))  # the checkpointed stream: at group (j + 1)·B after this
+      if prompts != [g.prompt for g in groups] or ids != [g.request_id for g in groups]:
+        raise RuntimeError(f"batch {j}: its groups are not the prompt stream's next {len(groups)} prompts")
       rollout, versions = groups_to_rollout(groups, self.train_prompts.ids, max_new=r.max_new_tokens,
                                             tokenizer=self.tokenizer, overlong_penalty=r.overlong_penalty)
       errors = sum(g.errors for g in groups)
@@ -472,6 +495,7 @@ class AsyncRLTrainer(RLTrainer):
       metrics = self._rollout_metrics(rollout)
       metrics["reward_errors"] = float(errors)
       metrics.update(staleness_metrics(versions, rollout.lengths, j, self.eta))
+      metrics["async/ahead_groups"] = float(self.staleness.admitted - (j + 1) * len(groups))
       metrics.update(self.update(rollout, step))
       t1 = time.perf_counter()
       metrics["time_train"] = t1 - t0
@@ -495,7 +519,11 @@ class AsyncRLTrainer(RLTrainer):
           results["eval_after"] = ev
       self.history.append(dict(metrics, step=float(step)))
       logger.log(step, metrics)
-      self._save(step, force=step == last)
+      signum = self._preempt.requested()  # SIGTERM/SIGINT: this step's checkpoint, then run() raises Preempted
+      self._save(step, force=step == last or signum is not None)
+      if signum is not None:
+        self._preempted = (signum, step)
+        return
 
   def close(self) -> None:
     super().close()

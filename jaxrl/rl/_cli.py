@@ -13,6 +13,8 @@ def main_rl(argv: list[str] | None = None) -> int:
   from jaxrl.rl._trainer import RLTrainer
   parser = argparse.ArgumentParser(prog="jaxrl rl", description="GRPO / DAPO / GRPO+ / decoupled PPO")
   parser.add_argument("--config", help="YAML config file")
+  parser.add_argument("--target", default=None,
+                      help="apply the recipe's plan.overrides for this hardware target first (docs/scaling.md)")
   parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
   ns = parser.parse_args(argv)
   from jaxrl import sharding
@@ -23,7 +25,9 @@ def main_rl(argv: list[str] | None = None) -> int:
       from jaxrl.envs import AgenticRLConfig
       config_cls = AgenticRLConfig
     cfg = config_lib.load(config_cls, ns.config, ns.overrides)
-  except config_lib.ConfigError as e:
+    if ns.target:  # the recipe's variant for that hardware, then the command line's overrides again
+      cfg = config_lib.load(config_cls, ns.config, [*cfg.plan.for_target(ns.target), *ns.overrides])
+  except (config_lib.ConfigError, ValueError) as e:
     print(f"jaxrl rl: config error: {e}", file=sys.stderr)
     return 2
   if config_cls is not RLConfig:

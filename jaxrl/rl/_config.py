@@ -45,7 +45,7 @@ class PromptData:
   shuffle_seed: int = 0
   "Seed of the per-epoch prompt shuffle."
   max_prompt_tokens: int = 1024
-  "Prompts longer than this many tokens are skipped (counted in the log)."
+  "Prompts longer than this many tokens are skipped (counted in the end-of-run skip report and results.json)."
 
   def __post_init__(self):
     if not self.train and self.builtin is None:
@@ -318,10 +318,30 @@ class PlanSection:
   "Hardware the recipe is meant for, names of jaxrl.plan.TARGETS (e.g. [v5p-8, h100x8])."
   preset: str | None = None
   "Model shapes to plan with when model.hf_dir is not on this machine (a jaxrl.models.PRESETS name)."
+  overrides: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+  ("Per-target changes, ``{target: {dotted.key: value}}`` (e.g. ``h100x8: {micro_batch.token_budget: 360448}``): "
+   "applied by ``jaxrl plan --target T`` and ``jaxrl rl --target T`` before the command line's key=value "
+   "(docs/scaling.md); checked at load against the config they produce.")
 
   def __post_init__(self):
     if self.preset is not None and self.preset not in models.PRESETS:
       raise ValueError(f"plan.preset: unknown {self.preset!r}; known: {sorted(models.PRESETS)}")
+    for target, changes in self.overrides.items():
+      from jaxrl.plan._targets import TARGETS
+      if target not in TARGETS:
+        raise ValueError(f"plan.overrides: unknown target {target!r}; known: {sorted(TARGETS)}")
+      for key in changes:
+        if not key or not all(key.split(".")) or key.split(".")[0] == "plan":
+          raise ValueError(f"plan.overrides.{target}: {key!r} is not a dotted config key outside plan")
+
+  def for_target(self, target: str) -> list[str]:
+    """``key=value`` overrides of ``target`` (none when the recipe has none for it)."""
+    import yaml
+    from jaxrl.plan._targets import TARGETS
+    if target not in TARGETS:
+      raise ValueError(f"--target: unknown {target!r}; known: {sorted(TARGETS)}")
+    dump = lambda v: yaml.safe_dump(v, default_flow_style=True).removesuffix("\n...\n").strip()
+    return [f"{k}={dump(v)}" for k, v in self.overrides.get(target, {}).items()]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -364,6 +384,14 @@ class RLConfig:
   def __post_init__(self):
     if self.steps < 1:
       raise ValueError(f"steps must be >= 1, got {self.steps!r}")
+    for target in self.plan.overrides:  # each target's variant must itself be a valid recipe
+      from jaxrl import config as config_lib
+      data = config_lib.to_dict(dataclasses.replace(self, plan=PlanSection(targets=self.plan.targets,
+                                                                           preset=self.plan.preset)))
+      try:
+        config_lib.from_dict(type(self), config_lib.apply_overrides(data, self.plan.for_target(target)))
+      except (config_lib.ConfigError, ValueError) as e:
+        raise ValueError(f"plan.overrides.{target}: {e}") from e
     _validate.check_critic(self.algorithm.advantage, self.algorithm.advantage_kwargs, self.critic is not None)
     if self.asynchronous is not None:
       self.asynchronous.check(self)

@@ -16,23 +16,62 @@ PROMPT_KEYS = ("messages", "prompt", "completion")
 """Record keys that make the prompt; every other key (not starting with ``_``) goes to the reward."""
 
 
-def read_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-  """Reads JSONL records (one object per line); a bad line raises naming ``file:line``."""
+def read_records(paths: Sequence[str | Path], *, check_prompt: bool = True) -> list[dict[str, Any]]:
+  """Reads JSONL records (one object per line); a bad line (not UTF-8, not JSON, not an object, or,
+  with ``check_prompt``, no usable prompt) raises a one-line error naming ``file:line``."""
   records = []
   for p in paths:
-    with open(p, encoding="utf-8") as f:
-      for i, line in enumerate(f, start=1):
-        if not line.strip():
+    if not Path(p).is_file():
+      raise data_lib.DataError(f"data file not found: {p}")
+    with open(p, "rb") as f:
+      for i, raw in enumerate(f, start=1):
+        if not raw.strip():
           continue
+        try:
+          line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          raise data_lib.DataError(f"{p}:{i}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                                   f"{e.start + 1})", reason="not UTF-8") from None
         try:
           rec = json.loads(line)
         except json.JSONDecodeError as e:
-          raise data_lib.DataError(f"{p}:{i}: invalid JSON: {e}") from None
+          raise data_lib.DataError(f"{p}:{i}: invalid JSON: {e}", reason="malformed JSON") from None
         if not isinstance(rec, dict):
-          raise data_lib.DataError(f"{p}:{i}: expected a JSON object, got {type(rec).__name__}")
+          raise data_lib.DataError(f"{p}:{i}: expected a JSON object, got {type(rec).__name__}",
+                                   reason="not a JSON object")
+        if check_prompt:
+          try:
+            _check_prompt(rec)
+          except data_lib.DataError as e:
+            raise data_lib.DataError(f"{p}:{i}: {e}", reason=e.reason) from None
         rec.setdefault("_where", f"{p}:{i}")
         records.append(rec)
   return records
+
+
+def _check_prompt(rec: dict[str, Any]) -> None:
+  """A prompt record has ``prompt`` (a non-empty string or messages) or ``messages``, with text."""
+  if "messages" in rec:
+    messages, key = rec["messages"], "messages"
+  elif "prompt" in rec:
+    messages, key = rec["prompt"], "prompt"
+    if isinstance(messages, str):
+      if not messages.strip():
+        raise data_lib.DataError("'prompt' is empty", reason="empty prompt")
+      return
+  else:
+    raise data_lib.DataError(f"record needs 'prompt' or 'messages'; has keys {sorted(rec)}",
+                             reason="missing field")
+  if not isinstance(messages, list) or not messages:
+    raise data_lib.DataError(f"'{key}' must be a non-empty list of messages (or a string prompt)",
+                             reason="wrong type")
+  for j, m in enumerate(messages):
+    data_lib._sources._check_message(m, f"{key}[{j}]")  # pylint: disable=protected-access
+  if key == "messages":
+    assistant = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
+    messages = messages[:assistant[-1]] if assistant else messages
+  if not any(m["content"].strip() for m in messages):
+    raise data_lib.DataError(f"'{key}' has no non-empty prompt message", reason="empty prompt")
 
 
 def builtin_records(cfg: BuiltinPrompts, split: str) -> list[dict[str, Any]]:
@@ -51,10 +90,13 @@ class EncodedPrompts:
   def __init__(self, records: list[dict[str, Any]], tokenizer, *, max_tokens: int):
     self.records, self.ids, self.texts = [], [], []
     self.skipped = 0
-    for rec in records:
+    self.max_tokens = max_tokens
+    self.skipped_where: list[str] = []  # file:line (or "record N") of the skipped prompts
+    for n, rec in enumerate(records):
       ids = data_lib.encode_prompt(tokenizer, rec)
       if len(ids) > max_tokens:
         self.skipped += 1
+        self.skipped_where.append(str(rec.get("_where", f"record {n}")))
         continue
       self.records.append(rec)
       self.ids.append(ids.astype(np.int32))
@@ -65,6 +107,14 @@ class EncodedPrompts:
 
   def __len__(self) -> int:
     return len(self.records)
+
+  def skip_report(self, report: data_lib.SkipReport | None = None) -> data_lib.SkipReport:
+    """Adds the over-long prompts to ``report`` (a new one by default) and returns it."""
+    report = data_lib.SkipReport() if report is None else report
+    reason = f"prompt longer than data.max_prompt_tokens={self.max_tokens}"
+    for where in self.skipped_where:
+      report.add(reason, where)
+    return report
 
 
 class PromptStream:

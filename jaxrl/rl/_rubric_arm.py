@@ -9,15 +9,20 @@ while one trains the other is frozen.
   on those judge prompts with `rubric_arm_judge_reward` (``R_acc + w_fmt · R_fmt``).
 * **Generator phase**: the generator trainer runs ``generator.steps`` GRPO steps on rubric prompts with
   `rubric_arm_generator_reward`, whose ``judge_fn`` closes over the frozen judge's sampler (the judge
-  trainer's current parameters; the judge prompt is encoded exactly as in the judge's own phase).
+  trainer's current parameters; the judge prompt is encoded exactly as in the judge's own phase). The
+  judge calls are batched: every generated chunk's judge prompts (both orders of every rubric) go to the
+  frozen judge in one ``generate`` call (the trainer's ``reward_prefetch`` hook) before the per-sample
+  rewards read their verdicts (``judge_generate_calls`` counts the calls).
 
 Pairs are JSONL records ``{"prompt", "chosen", "rejected"}`` (``prompt``: text), or, without files, the
 built-in arithmetic task: ``chosen`` is the worked answer, ``rejected`` the same with a wrong result.
 Both trainers log to ``out_dir/{judge,generator}/`` (``metrics.jsonl``, TensorBoard); ``phases.jsonl``
 has one line per phase (role, steps, mean reward and accuracy of the phase), ``results.json`` all of it.
 
-Not here: the Stage I SFT warm-up (train each role with ``jaxrl sft`` first and point ``model.hf_dir`` at
-the result), Rubric-ARM as a reward for a third policy, checkpoint/resume and several processes.
+Stage I (``generator_sft`` / ``judge_sft``): an SFT warm-up of a role from JSONL with the repo's
+`jaxrl.sft.SFTTrainer`, exported to ``out_dir/sft/ROLE/hf``, where that role's RL starts.
+
+Not here: Rubric-ARM as a reward for a third policy, checkpoint/resume of the RL phases and several processes.
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import train
 from jaxrl.rewards import RUBRIC_ARM_JUDGE_TEMPLATE, rubric_arm_generator_reward
+from jaxrl.rewards._rubric_arm import rubric_arm_judge_prompts
 from jaxrl.rl._config import BuiltinPrompts, PromptData, RewardSection, RLConfig, RLEvalConfig
 from jaxrl.rl._prompts import PromptStream, read_records
 from jaxrl.rl._trainer import RLTrainer
+from jaxrl.sft._trainer import SFTConfig, SFTTrainer
 
 __all__ = ["PairData", "RubricARM", "RubricARMConfig", "arithmetic_pairs", "main"]
 
@@ -111,6 +118,12 @@ class RubricARMConfig:
   "The rubric generator π_r(rubric | prompt); its ``steps`` are GRPO steps per generator phase."
   judge: RLConfig = dataclasses.field(default_factory=_role_default)
   "The judge π_j(verdict | prompt, rubric, A, B); its ``steps`` are GRPO steps per judge phase."
+  generator_sft: SFTConfig | None = None
+  ("Stage I warm-up of the generator: an SFT run (``jaxrl sft``'s config: ``data.train`` JSONL, ``steps``, "
+   "``optim``, ``packing`` ...) from ``generator.model`` before the alternation, exported to "
+   "``out_dir/sft/generator/hf``, where the generator's RL then starts. ``model``/``out_dir`` are set here.")
+  judge_sft: SFTConfig | None = None
+  "Stage I warm-up of the judge (as ``generator_sft``; exported to ``out_dir/sft/judge/hf``)."
   rounds: int = 1
   "Alternations; each is a judge phase then a generator phase."
   rubric_template: str = RUBRIC_TEMPLATE
@@ -151,6 +164,12 @@ class RubricARMConfig:
         raise ValueError(f"{role}.reward.runner.executor: must be 'thread' (the rewards close over a model)")
       if getattr(self, role).checkpoint.every:
         raise ValueError(f"{role}.checkpoint.every: Rubric-ARM does not checkpoint or resume yet; set 0")
+      sft = getattr(self, f"{role}_sft")
+      if sft is not None:
+        for key in ("model", "out_dir"):
+          if getattr(sft, key) != getattr(SFTConfig(), key):
+            raise ValueError(f"{role}_sft.{key}: set by Rubric-ARM (the role's model, out_dir/sft/{role}); "
+                             "leave it unset")
 
 
 def _role_config(cfg: RubricARMConfig, role: str) -> RLConfig:
@@ -184,14 +203,26 @@ class RubricARM:
     self.out_dir.mkdir(parents=True, exist_ok=True)
     (self.out_dir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
     pairs = _load_pairs(cfg.pairs, cfg.seed)
-    self.generator = RLTrainer(_role_config(cfg, "generator"))
-    self.judge = RLTrainer(_role_config(cfg, "judge"))
+    self.warmup: dict[str, dict[str, Any]] = {}
+    "Each warmed-up role's SFT results (``hf_dir``, ``losses`` ...)."
+    roles = {role: _role_config(cfg, role) for role in ("generator", "judge")}
+    for role, rc in roles.items():
+      if getattr(cfg, f"{role}_sft") is not None:
+        roles[role] = dataclasses.replace(rc, model=self._warm_up(role, getattr(cfg, f"{role}_sft"), rc))
+    self.generator = RLTrainer(roles["generator"])
+    self.judge = RLTrainer(roles["judge"])
     self.generator.set_train_prompts([
         {"prompt": cfg.rubric_template.format(question=p["prompt"]), "question": p["prompt"], "chosen": p["chosen"],
          "rejected": p["rejected"]} for p in pairs])
     self.pairs = self.generator.train_prompts.records  # the ones that fit
-    self.generator.set_reward(functools.partial(rubric_arm_generator_reward, judge_fn=self.frozen_judge,
+    self.generator.set_reward(functools.partial(rubric_arm_generator_reward, judge_fn=self._judge_prefetched,
                                                 template=cfg.judge_template, orders=cfg.generator_orders))
+    # Every generated chunk's judge prompts go to the frozen judge in one batched generate call before the
+    # per-sample rewards run; the rewards then read their verdicts from `_judged`.
+    self.generator.reward_prefetch = self._prefetch_judgements
+    self._judged: dict[str, list[str]] = {}
+    self.judge_generate_calls = 0
+    "Frozen-judge ``generate`` calls so far (one per generated chunk when prefetched)."
     self._pair_stream = PromptStream(len(self.pairs), seed=cfg.seed)
     self._judge_lock = threading.Lock()
     self._judge_sampler = None
@@ -200,6 +231,19 @@ class RubricARM:
     self.phases: list[dict[str, Any]] = []
 
   # ------------------------------------------------------------------------------------------------
+
+  def _warm_up(self, role: str, sft: SFTConfig, rc: RLConfig):
+    """Stage I: SFT of ``role`` from its configured model; returns the model source of the export. A
+    finished warm-up (``out_dir/sft/ROLE/hf`` present) is reused, so a rerun does not train it again."""
+    out = self.out_dir / "sft" / role
+    if not (out / "hf" / "config.json").is_file():
+      trainer = SFTTrainer(dataclasses.replace(sft, model=rc.model, tokenizer=sft.tokenizer or rc.tokenizer,
+                                               out_dir=str(out), export_hf=True, tensorboard=self.cfg.tensorboard))
+      self.warmup[role] = trainer.run()
+    else:
+      self.warmup[role] = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
+    print(f"rubric-arm: {role} warmed up by SFT ({out / 'hf'})", file=sys.stderr)
+    return dataclasses.replace(rc.model, preset=None, hf_dir=str(out / "hf"))
 
   def frozen_judge(self, prompts: list[str]) -> list[str]:
     """The judge's completions of judge prompts with its parameters as of the current generator phase
@@ -214,6 +258,7 @@ class RubricARM:
       if self._judge_sampler is None:
         raise RuntimeError("RubricARM.frozen_judge: called outside a generator phase")
       start, self._judge_calls = self._judge_calls, self._judge_calls + len(fits)
+      self.judge_generate_calls += 1
       got = self._judge_sampler.generate(
           [ids[k].tolist() for k in fits], n=1, max_new_tokens=j.cfg.rollout.max_new_tokens,
           temperature=self.cfg.judge_temperature, top_p=j.cfg.rollout.top_p if self.cfg.judge_temperature else 1.0,
@@ -222,6 +267,24 @@ class RubricARM:
     for k, text in zip(fits, got.texts):
       out[k] = text
     return out
+
+  def _prefetch_judgements(self, texts: list[str], fields: list[dict[str, Any]]) -> None:
+    """The frozen judge's completions of every judge prompt of a generated chunk, in one call, queued per
+    prompt for the rewards (`_judge_prefetched`)."""
+    prompts = [p for text, f in zip(texts, fields) for p in rubric_arm_judge_prompts(
+        text, f["question"], f["chosen"], f["rejected"], template=self.cfg.judge_template,
+        orders=self.cfg.generator_orders)[0]]
+    outs = self.frozen_judge(prompts)
+    with self._judge_lock:
+      for p, o in zip(prompts, outs):
+        self._judged.setdefault(p, []).append(o)
+
+  def _judge_prefetched(self, prompts: list[str]) -> list[str]:
+    """The generator reward's ``judge_fn``: prefetched completions (each used once), else a direct call."""
+    with self._judge_lock:
+      if all(len(self._judged.get(p, ())) >= prompts.count(p) for p in prompts):
+        return [self._judged[p].pop(0) for p in prompts]
+    return self.frozen_judge(prompts)
 
   def write_rubrics(self, idx: list[int], request_ids: list[int]) -> list[str]:
     """The frozen generator's rubrics for pairs ``idx`` (current parameters, ``rubric_temperature``)."""
@@ -276,10 +339,12 @@ class RubricARM:
   def generator_phase(self, logger: train.MetricsLogger) -> list[dict[str, float]]:
     """Freezes the judge at its current parameters and trains the generator against it."""
     self._judge_sampler = self.judge._sampler_for(max(self.steps["judge"], 1))
+    self._judged.clear()
     try:
       return self._train("generator", logger)
     finally:
       self._judge_sampler = None
+      self._judged.clear()
 
   def run(self, *, after_phase: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """``rounds`` × (judge phase, generator phase); returns and writes the per-phase summaries

@@ -85,9 +85,6 @@ class RLTrainer:
     if cfg.rollout.prompts_per_step % self.procs:
       raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of the "
                        f"{self.procs} processes (each generates an equal share of whole prompt groups)")
-    if self.procs > 1 and getattr(cfg.rollout, "engine", None) is not None:
-      raise ValueError("rollout.engine: the continuous-batching engine runs on one process only so far; set "
-                       "rollout.engine=null on several processes (jaxrl.sampling.Sampler is multi-process)")
     self.mesh = cfg.mesh.build(devices)
     self.rules = cfg.mesh.logical_rules()
     self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
@@ -167,6 +164,13 @@ class RLTrainer:
     """The policy with the current parameters (LoRA: base + unmerged adapters; arrays shared, not copied)."""
     return nnx.merge(self.graphdef, self.state.params, *self.frozen)
 
+  def sampling_model(self):
+    """The policy the sampler or rollout engine runs: compute-dtype copies of the float32 master weights,
+    cast on device, so it neither holds nor reads float32 weights (the same arrays when they already are
+    in the compute dtype; LoRA: :meth:`current_model`, adapters unmerged)."""
+    model = self.current_model()
+    return model if self.cfg.lora is not None else models.cast_params(model, model.cfg.dtype)
+
   def _eval_max_new(self, step: int) -> int:
     return self.cfg.eval.max_new_tokens or self.cfg.rollout.stage(step)[1]
 
@@ -174,7 +178,7 @@ class RLTrainer:
     """The sampler (or, with ``rollout.engine``, the engine) for ``step``'s stage, holding the current
     parameters (rebuilt when max_len grows)."""
     max_len = self.cfg.data.max_prompt_tokens + max(self.cfg.rollout.stage(step)[1], self._eval_max_new(step))
-    model = self.current_model()
+    model = self.sampling_model()
     version = int(self.state.step)
     eng = self.cfg.rollout.engine
     if self.sampler is None or self.sampler.max_len != max_len:
@@ -191,11 +195,17 @@ class RLTrainer:
       self.sampler.set_weights(model, version=version)
     return self.sampler
 
+  reward_prefetch = None
+  """None, or ``fn(texts, fields)`` called with each generated chunk's completions and their reward fields
+  just before they are scored (Rubric-ARM batches its frozen judge's calls for the whole chunk here)."""
+
   def _submit(self, prompts: EncodedPrompts, idx: list[int], n: int, texts: list[str], *, offset: int) -> list[int]:
     """Schedules the rewards of completions ``texts`` (rows ``i·n + j`` of prompts ``idx``) in the
     pool under indices ``offset, offset + 1, ...`` and returns them (collect with ``rewards.collect``)."""
     rows = [i for i in idx for _ in range(n)]
     fields = [reward_fields(prompts.records[i]) for i in rows]
+    if self.reward_prefetch is not None:
+      self.reward_prefetch(list(texts), fields)
     keys = sorted({k for f in fields for k in f})  # every sample gets every column (None where absent)
     return [self.rewards.submit(prompts.texts[i], text, index=offset + k, **{c: f.get(c) for c in keys})
             for k, (i, text, f) in enumerate(zip(rows, texts, fields))]
@@ -427,7 +437,7 @@ class RLTrainer:
           self.critic.train(batch, pb.shape[0], max_len)
     raw = sharding.to_host(raw)
     for out in raw:
-      self.guard.observe(step, out["skipped"], out[train.NONFINITE_KEY])
+      self.guard.observe(step, out["skipped"], out[train.NONFINITE_KEY], out["loss"])
     updates = [_update_metrics(u) for u in raw]
     self.update_history.extend(dict(u, step=float(step)) for u in updates)
     metrics.update(_step_metrics(updates))
@@ -560,6 +570,9 @@ class RLTrainer:
       if ev:
         results["eval_after"] = ev
     plot = logger.close(title="rl")
+    skips = self.train_prompts.skip_report()  # over-long prompts (docs/reliability.md)
+    skips.print(logger.console)
+    results["skips"] = skips.as_dict()
     results.update(steps=last, plot=str(plot) if plot else None, skipped=int(self.state.skipped),
                    rewards=[h["reward/mean"] for h in self.history],
                    accuracy=[h["accuracy"] for h in self.history])

@@ -10,10 +10,14 @@ Example::
     part = sampler.generate(prompts, max_new_tokens=64, max_steps=16)    # pause after 16 tokens
     out = sampler.resume(part.state, new_model=model2, version=1)         # recompute KV, continue
     branches = sampler.fork(part.state, rows=[0], k=4)                    # 4 continuations of row 0
+
+    out = sampling.latent_sample(model, prompts_ending_in_bot, thoughts=2, eot=eot_id, eos=eos_id, pad=0,
+                                 max_new_tokens=16, temperature=1.0)      # Coconut: continuous thoughts first
 """
 
 from jaxrl.sampling._decode import decode_step
 from jaxrl.sampling._engine import Completion, Engine, EngineMetrics, Request
+from jaxrl.sampling._latent import LatentSample, latent_sample
 from jaxrl.sampling._layers import unstack_layers
 from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask
 from jaxrl.sampling._sampler import (
@@ -30,6 +34,7 @@ __all__ = [
     "Engine",
     "EngineMetrics",
     "FINISH_REASONS",
+    "LatentSample",
     "SampleOutput",
     "Request",
     "Sampled",
@@ -38,6 +43,7 @@ __all__ = [
     "TopLogprobs",
     "decode_step",
     "entropy",
+    "latent_sample",
     "length_bucket",
     "sample_logits",
     "top_logprobs",

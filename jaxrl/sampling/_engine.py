@@ -30,6 +30,17 @@ the other rows, preemption or interruption.
 Sharding. Slots (and their state) are split over the cache-batch mesh axes, the pool's block axis
 likewise (a slot only gets blocks of its own shard, see :class:`BlockPool`), kv heads over the
 tensor axis; the per-layer cache write and paged attention run under ``shard_map``.
+
+Several processes. On a mesh that spans processes every process runs the whole schedule above over
+the same global request list, so all of them issue the same jitted programs with the same host
+inputs (block tables, slot indices, prompts) in the same order: one SPMD program per call. The
+schedule only depends on the requests and on what the decode calls return, and everything the host
+reads back (the per-slot summary of a decode call, the rows gathered at retirement or preemption) is
+a replicated output, which each process reads from its own devices. :meth:`Engine.generate` gathers
+every process's prompts (equal counts, as :meth:`Sampler.generate`), schedules all of them and returns
+each process its own rows; :meth:`Engine.submit` must be given the same requests on every process
+(a digest is compared). The cost is host work on every process for every row, and rows cross
+processes only as the small replicated read-backs.
 """
 
 from __future__ import annotations
@@ -254,6 +265,8 @@ class Engine:
       results are bit-identical across slot counts (XLA's reductions and matmuls round differently
       by batch size and row position, by ~1 ulp); costs one pass over the weights per tile, so it
       is a reproducibility switch, not a serving setting.
+    placed: ``model`` is already the sampling copy (compute dtype, unstacked, on the mesh), e.g. a
+      :class:`Sampler`'s own: used as is, and :meth:`update_weights` expects models of that structure.
   """
 
   def __init__(self, model, tokenizer=None, *, mesh: Mesh | None = None, rules: LogicalRules | None = None,
@@ -263,7 +276,7 @@ class Engine:
                cache_dtype: str | None = None, add_special_tokens: bool = True, version: int = 0,
                unstack_layers: bool | None = None, paged_impl: str | None = None, min_bucket: int = 8,
                row_tile: int | None = None, prefill_chunk: int | None = None, max_top_logprobs: int = 0,
-               entropy: bool = False):
+               entropy: bool = False, placed: bool = False):
     for key, val in (("num_slots", num_slots), ("max_len", max_len), ("block_size", block_size),
                      ("steps_per_call", steps_per_call), ("prefill_rows", prefill_rows)):
       if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -287,6 +300,7 @@ class Engine:
     self.cfg = model.cfg
     self.tokenizer = tokenizer
     self.mesh = mesh
+    self._procs = jax.process_count() if mesh is not None else 1  # as Sampler: a mesh spans every process
     self.rules = rules or LogicalRules.default()
     self.max_len = max_len
     self.min_bucket = min_bucket
@@ -311,10 +325,16 @@ class Engine:
     if kv_cache_fraction is not None:
       if not 0 < kv_cache_fraction <= 1:
         raise ValueError(f"kv_cache_fraction: must be in (0, 1], got {kv_cache_fraction!r}")
-      stats = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).memory_stats() or {}
-      if "bytes_limit" not in stats:
+      local = [d for d in (mesh.devices.flat if mesh is not None else jax.devices())
+               if d.process_index == jax.process_index()]
+      stats = [d.memory_stats() or {} for d in local]
+      if not stats or any("bytes_limit" not in st for st in stats):
         raise ValueError("kv_cache_fraction: this backend reports no device memory; give kv_cache_bytes")
-      kv_cache_bytes = int(kv_cache_fraction * (stats["bytes_limit"] - stats.get("bytes_in_use", 0)))
+      free = min(st["bytes_limit"] - st.get("bytes_in_use", 0) for st in stats)
+      kv_cache_bytes = int(kv_cache_fraction * free)
+      if self._procs > 1:  # the pool's shape must be the same on every process: the least free memory
+        from jaxrl.sharding import allgather_scalar
+        kv_cache_bytes = int(allgather_scalar(kv_cache_bytes).min())
     if kv_cache_bytes is not None:
       if kv_cache_bytes <= 0:
         raise ValueError(f"kv_cache_bytes: must be positive, got {kv_cache_bytes!r}")
@@ -332,7 +352,8 @@ class Engine:
     self.kv_cache_bytes_per_device = num_blocks // self.dp * (self.block_bytes // tp)
 
     self.source_graphdef = nnx.graphdef(model)
-    self.graphdef, self.params = nnx.split(self._placed(model))
+    self._given_placed = bool(placed)
+    self.graphdef, self.params = nnx.split(model if placed else self._placed(model))
     self.version = int(version)
     self._programs = _programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
                                self.cache_dtype, self.paged_impl, self.num_slots, self.max_len, self.max_blocks,
@@ -383,13 +404,24 @@ class Engine:
     return not self._waiting and not self._running and not self._jobs and not self._parked
 
   def submit(self, requests: Sequence[Request]) -> None:
-    """Queues requests (rows ``request·n + sample`` of this call get ``Completion.index``)."""
+    """Queues requests (rows ``request·n + sample`` of this call get ``Completion.index``).
+
+    On a mesh that spans several processes every process runs the same schedule over the same
+    requests, so every process must submit the same requests in the same order (checked: a digest is
+    compared across processes); :meth:`generate` gathers each process's own prompts for it.
+    """
+    self._submit(requests, check=self._procs > 1)
+
+  def _submit(self, requests: Sequence[Request], *, check: bool) -> None:
     now = time.perf_counter()
-    prompts = _s.Sampler._encode_prompts(self, [r.prompt for r in requests]) if requests else []
-    k = 0
-    for r, ids in zip(requests, prompts):
+    for r in requests:
       if not isinstance(r, Request):
         raise TypeError(f"submit: expected Request objects, got {type(r).__name__}")
+    prompts = _s.Sampler._encode_prompts(self, [r.prompt for r in requests]) if requests else []
+    if check:
+      _check_same_everywhere(requests, prompts)
+    k = 0
+    for r, ids in zip(requests, prompts):
       _check_request(r)
       if r.top_logprobs > self.max_top_logprobs:
         raise ValueError(f"Request.top_logprobs: {r.top_logprobs} exceeds the engine's max_top_logprobs="
@@ -434,7 +466,7 @@ class Engine:
       raise ValueError(f"update_weights: mode {mode!r} is not one of ['interrupt', 'finish']")
     if nnx.graphdef(model) != self.source_graphdef:
       raise ValueError("update_weights: the new model's structure differs from the engine's model")
-    params = nnx.state(self._placed(model))
+    params = nnx.state(model if self._given_placed else self._placed(model))
     shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
     if shapes(params) != shapes(self.params):
       raise ValueError("update_weights: the new model's parameter shapes or dtypes differ from the engine's")
@@ -483,6 +515,7 @@ class Engine:
       raise RuntimeError("Engine.generate needs an idle engine; use submit/completions while it is busy")
     ids = _s.Sampler._encode_prompts(self, prompts)
     count = len(ids)
+    procs = self._procs
     if not isinstance(n, int) or n < 1:
       raise ValueError(f"n: must be a positive int, got {n!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
@@ -491,17 +524,26 @@ class Engine:
     tp = _s._per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
     tk = _s._per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
     mp = _s._per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
-    rid = np.arange(count) if request_ids is None else np.asarray(request_ids)
+    if request_ids is None:  # as Sampler.generate: process p's prompts get ids p·count + 0..count-1
+      request_ids = np.arange(count) + (jax.process_index() * count if procs > 1 else 0)
+    rid = np.asarray(request_ids)
     if (rid.shape != (count,) or not np.issubdtype(rid.dtype, np.integer) or (rid < 0).any()
         or (rid >= 2**31).any()):
       raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
     self.set_stops(stop_token_ids, stop_strings)
-    self.submit([Request(prompt=p, n=n, max_new_tokens=max_new_tokens, temperature=float(temp[i]),
-                         top_p=float(tp[i]), top_k=int(tk[i]), min_p=float(mp[i]), seed=int(seed),
-                         request_id=int(rid[i]), top_logprobs=int(return_top_logprobs),
-                         entropy=bool(return_entropy)) for i, p in enumerate(ids)])
+    local_count = count
+    if procs > 1:  # each process passed its own prompts: schedule all of them everywhere, return this process's rows
+      ids, (temp, tp, tk, mp, rid) = _s._gather_prompts(ids, (temp, tp, tk, mp, rid))
+      count = len(ids)
+    self._submit([Request(prompt=p, n=n, max_new_tokens=max_new_tokens, temperature=float(temp[i]),
+                          top_p=float(tp[i]), top_k=int(tk[i]), min_p=float(mp[i]), seed=int(seed),
+                          request_id=int(rid[i]), top_logprobs=int(return_top_logprobs),
+                          entropy=bool(return_entropy)) for i, p in enumerate(ids)], check=False)
     rows = {c.index: c for c in self.completions()}
-    return self._output(rows, count, n, max_new_tokens, int(return_top_logprobs), bool(return_entropy))
+    out = self._output(rows, count, n, max_new_tokens, int(return_top_logprobs), bool(return_entropy))
+    if procs > 1:
+      out = _s._process_rows(out, jax.process_index() * local_count, local_count, n)
+    return out
 
   def set_stops(self, stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = ()) -> None:
     """Stop tokens / strings (besides eos) for the rows decoded from now on; only while idle."""
@@ -530,9 +572,9 @@ class Engine:
     t0 = time.perf_counter()
     budget = jnp.int32(steps)
     early = jnp.bool_(bool(self._waiting))  # stop at the first finished row only when a row waits for its slot
-    self.pages, self.slots, ran = self._programs.decode(self.params, self.pages, self.slots, self._stops,
-                                                        jnp.int32(self.version), budget, early)
-    host = jax.device_get(dict(n_gen=self.slots.n_gen, done=self.slots.done, reason=self.slots.reason, ran=ran))
+    self.pages, self.slots, summary = self._programs.decode(self.params, self.pages, self.slots, self._stops,
+                                                            jnp.int32(self.version), budget, early)
+    host = jax.device_get(summary)  # replicated: every process reads the same values from its own devices
     now = time.perf_counter()
     m = self.metrics
     m.decode_calls += 1
@@ -906,6 +948,19 @@ class Engine:
     return _s.Sampler._check_token(self, t, name)
 
 
+def _check_same_everywhere(requests: Sequence[Request], prompts: list[list[int]]) -> None:
+  """Raises unless every process submits the same requests (a CRC of them, compared across processes)."""
+  import zlib
+
+  from jaxrl.sharding import allgather_scalar
+  text = repr([(ids, dataclasses.replace(r, prompt=())) for r, ids in zip(requests, prompts)])
+  digests = allgather_scalar(np.int64(zlib.crc32(text.encode())))
+  if len(set(digests.tolist())) != 1:
+    raise ValueError(f"Engine.submit on {len(digests)} processes: every process must submit the same requests in "
+                     "the same order (the schedule runs on every process); Engine.generate gathers per-process "
+                     "prompts itself")
+
+
 def _check_request(r: Request) -> None:
   if not isinstance(r.n, int) or r.n < 1:
     raise ValueError(f"Request.n: must be a positive int, got {r.n!r}")
@@ -944,14 +999,17 @@ class _Programs:
     pages_sh = None if mesh is None else (self.page_sharding, self.page_sharding)
     jit = jax.jit
     self.init = jit(self._init, out_shardings=None if mesh is None else (pages_sh, self.slot_sharding))
+    # What the host reads back (the per-slot summary of a decode call, gathered rows) is replicated, so
+    # every process of a multi-process mesh reads it from its own devices (see Engine's module docstring).
+    rep = None if mesh is None else NamedSharding(mesh, PartitionSpec())
     self.decode = jit(self._decode, donate_argnames=("pages", "slots"),
-                      out_shardings=None if mesh is None else (pages_sh, self.slot_sharding, None))
+                      out_shardings=None if mesh is None else (pages_sh, self.slot_sharding, rep))
     self.prefill = jit(self._prefill, donate_argnames=("pages",), out_shardings=pages_sh)
     self.copy = jit(self._copy, donate_argnames=("pages",), out_shardings=pages_sh)
     self.install = jit(self._install, donate_argnames=("slots",), out_shardings=self.slot_sharding)
     self.set_tables = jit(self._set_tables, donate_argnames=("slots",), out_shardings=self.slot_sharding)
     self.free = jit(self._free, donate_argnames=("slots",), out_shardings=self.slot_sharding)
-    self.gather = jit(self._gather)
+    self.gather = jit(self._gather, out_shardings=rep)
 
   def _row_sharding(self, ndim):
     return NamedSharding(self.mesh, PartitionSpec(*self.rules.spec(("cache_batch",), self.mesh, (self.s,)),
@@ -1106,7 +1164,7 @@ class _Programs:
       return pages, slots, step + 1, params
 
     pages, slots, steps, _ = jax.lax.while_loop(cond, body, (pages, slots, jnp.int32(0), params))
-    return pages, slots, steps
+    return pages, slots, dict(n_gen=slots.n_gen, done=slots.done, reason=slots.reason, ran=steps)
 
   def _attend_fn(self):
     """``(q, k_new, v_new, k_pool, v_pool, tables, pos, active) -> (out, k_pool, v_pool)`` for one layer:
@@ -1180,7 +1238,7 @@ class _Programs:
     return _decode.run_blocks(model, token, pos, pages, attend)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
               block_size, row_tile, top_logprobs: int = 0, entropy: bool = False) -> _Programs:
   return _Programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,

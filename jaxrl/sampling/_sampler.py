@@ -203,16 +203,26 @@ class Sampler:
     unstack_layers: sample from a copy of a ``scan_layers`` model with one array per layer
       (:func:`jaxrl.sampling.unstack_layers`): on CPU a scanned decode step copies every layer's
       weight slice each step. Costs a copy of the block weights. Default: on the CPU backend.
+    paged: serve :meth:`generate` calls without ``max_steps`` / ``return_state`` on the rollout engine
+      (:class:`jaxrl.sampling.Engine`: a paged cache sized to this call's rows, completions not rounded
+      up past one block) instead of the whole-batch cache; resumable generations (``max_steps``,
+      ``return_state``, :meth:`resume`, :meth:`fork`) and ``decode_impl="model"`` keep the whole-batch
+      path. Same contract and draws; floating-point results differ by XLA's rounding (~1 ulp).
   """
 
   def __init__(self, model, tokenizer=None, *, mesh: Mesh | None = None, rules: LogicalRules | None = None,
                max_len: int = 2048, eos_token_ids: Sequence[int] | None = None, pad_token_id: int | None = None,
                cache_dtype: str | None = None, decode_impl: str = "kernel", min_bucket: int = 8,
-               add_special_tokens: bool = True, version: int = 0, unstack_layers: bool | None = None):
+               add_special_tokens: bool = True, version: int = 0, unstack_layers: bool | None = None,
+               paged: bool = False):
     if not isinstance(max_len, int) or max_len < 2:
       raise ValueError(f"max_len: must be an int >= 2, got {max_len!r}")
     if decode_impl not in ("kernel", "model"):
       raise ValueError(f"decode_impl: {decode_impl!r} is not one of ['kernel', 'model']")
+    if not isinstance(paged, bool):
+      raise ValueError(f"paged: must be a bool, got {paged!r}")
+    self.paged = paged
+    self._engine_programs: dict[int, object] = {}  # the engine programs paged calls used (compile_counts)
     self.cfg = model.cfg
     self.tokenizer = tokenizer
     self.mesh = mesh
@@ -239,12 +249,18 @@ class Sampler:
 
   @property
   def compile_counts(self) -> collections.Counter[str]:
-    """Traces (= compilations) per jitted program: ``prefill``, ``decode``, ``recompute``, ``fork``.
+    """Traces (= compilations) per jitted program: ``prefill``, ``decode``, ``recompute``, ``fork``
+    (with ``paged``, plus the engine programs its calls used: ``install``, ``copy``, ...).
 
     Programs are shared by samplers of the same model structure, mesh and options, so a second such
     sampler starts from the first one's compiled buckets.
     """
-    return self._programs.counts
+    if not self._engine_programs:
+      return self._programs.counts
+    total = collections.Counter(self._programs.counts)
+    for programs in self._engine_programs.values():
+      total.update(programs.counts)
+    return total
 
   @property
   def compile_count(self) -> int:
@@ -335,6 +351,11 @@ class Sampler:
         or (request_ids < 0).any() or (request_ids >= 2**31).any()):
       raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
     stops, stop_strings = self._stops(stop_token_ids, stop_strings)
+    if self.paged and max_steps is None and not return_state and self.decode_impl == "kernel":
+      return self._generate_paged(ids, procs=procs, n=n, max_new_tokens=max_new_tokens, temperature=temp, top_p=tp,
+                                  top_k=tk, min_p=mp, seed=seed, request_ids=request_ids,
+                                  stop_token_ids=stop_token_ids, stop_strings=stop_strings,
+                                  return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
     local_count = count
     if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
       ids, (temp, tp, tk, mp, request_ids) = _gather_prompts(ids, (temp, tp, tk, mp, request_ids))
@@ -375,6 +396,31 @@ class Sampler:
     if procs > 1:
       out = _process_rows(out, jax.process_index() * local_count, local_count, n)
     return out
+
+  def _generate_paged(self, ids: list[list[int]], *, procs: int, n: int, max_new_tokens: int, **kw) -> SampleOutput:
+    """:meth:`generate` on a rollout engine sized to this call: a slot per row (the row bucket of the
+    whole-batch path), blocks for every row at once (no preemption), the whole completion bucket in one
+    decode call; the pool lives for the call only, the engine's compiled programs are shared."""
+    from jaxrl.sampling._engine import Engine
+    from jaxrl.sampling._paged import blocks_for
+    total, longest = len(ids), max(len(x) for x in ids)
+    if procs > 1:  # the engine is built alike on every process: the global count and longest prompt
+      from jaxrl.sharding import allgather_scalar
+      total, longest = len(ids) * procs, int(allgather_scalar(longest).max())
+    rows = self._row_bucket(total * n)
+    p_bucket = length_bucket(longest, minimum=self.min_bucket)
+    g_bucket = length_bucket(max_new_tokens, minimum=self.min_bucket)
+    max_len = min(self.max_len, p_bucket + g_bucket)
+    block = min(16, _next_pow2(max_len))
+    engine = Engine(nnx.merge(self.graphdef, self.params), self.tokenizer, mesh=self.mesh, rules=self.rules,
+                    num_slots=rows, max_len=max_len, block_size=block,
+                    num_blocks=rows * (blocks_for(max_len, block) + 1), steps_per_call=g_bucket,
+                    prefill_rows=min(_next_pow2(total), 64), eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id, cache_dtype=self.cache_dtype,
+                    add_special_tokens=self.add_special_tokens, version=self.version, min_bucket=self.min_bucket,
+                    max_top_logprobs=kw["return_top_logprobs"], entropy=kw["return_entropy"], placed=True)
+    self._engine_programs[id(engine._programs)] = engine._programs
+    return engine.generate(ids, n=n, max_new_tokens=max_new_tokens, **kw)
 
   def resume(self, state: SamplerState, new_model=None, *, version: int | None = None,
              max_steps: int | None = None, return_state: bool = False) -> SampleOutput:

@@ -6,6 +6,12 @@ the int ``k``), plus ``top_k`` (vLLM's extension, sent by the ``openai`` client 
 Unknown fields are ignored; a bad value is a 400 naming the field. Returned log-probs are the sampler's:
 ``log_softmax(logits / T)`` of the full distribution (``T = 1`` for greedy requests).
 
+``/v1/completions`` with ``echo: true`` prepends the prompt to the text and, with ``logprobs``, the
+prompt tokens to the log-prob fields (``token_logprobs`` is ``None`` for the first token, as in OpenAI's
+API; ``text_offset`` indexes the returned text), as vLLM does; ``max_tokens: 0`` then scores the prompt
+without generating. Prompt log-probs come from one forward pass of the backend's current weights at
+temperature 1 (:mod:`jaxrl.serve._score`); ``echo`` is not served with ``stream``.
+
 Streaming sends one server-sent event per generated token and ``data: [DONE]``. With the batch sampler
 as backend the events are sent once the completion is generated; the event format is the same for a
 backend that produces tokens incrementally.
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import threading
@@ -27,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from jaxrl.serve._batcher import Batcher, GenRequest, RowResult
+from jaxrl.serve._score import PromptScorer
 
 __all__ = ["ServerThread", "create_app", "render_chat"]
 
@@ -69,9 +77,10 @@ def _stops(body: dict) -> tuple[str, ...]:
   return tuple(stop)
 
 
-def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_len: int) -> GenRequest:
+def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_len: int, *, echo: bool = False,
+                 prompt_texts: tuple[str | None, ...] = ()) -> GenRequest:
   max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-  max_tokens = _num({"max_tokens": max_tokens}, "max_tokens", 16, int, lambda v: v >= 1)
+  max_tokens = _num({"max_tokens": max_tokens}, "max_tokens", 16, int, lambda v: v >= (0 if echo else 1))
   seed = body.get("seed")
   if seed is None:
     seed = random.getrandbits(31)
@@ -83,7 +92,8 @@ def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_le
       prompts=prompts, n=_num(body, "n", 1, int, lambda v: 1 <= v <= 128), max_tokens=max_tokens,
       temperature=_num(body, "temperature", 1.0, float, lambda v: 0 <= v <= 100),
       top_p=_num(body, "top_p", 1.0, float, lambda v: 0 < v <= 1), top_k=max(_num(body, "top_k", 0, int, lambda v: v >= -1), 0),
-      seed=_num({"seed": seed}, "seed", 0, int, lambda v: True), stop=_stops(body), top_logprobs=top_logprobs)
+      seed=_num({"seed": seed}, "seed", 0, int, lambda v: True), stop=_stops(body), top_logprobs=top_logprobs,
+      echo=echo, prompt_texts=tuple(prompt_texts))
 
 
 def _cut_stop(text: str, stop: tuple[str, ...]) -> str:
@@ -92,9 +102,10 @@ def _cut_stop(text: str, stop: tuple[str, ...]) -> str:
 
 
 class _Api:
-  def __init__(self, tokenizer, batcher: Batcher, model_name: str, max_len: int, max_top_logprobs: int):
+  def __init__(self, tokenizer, batcher: Batcher, model_name: str, max_len: int, max_top_logprobs: int,
+               scorer=None):
     self.tok, self.batcher, self.model_name, self.max_len = tokenizer, batcher, model_name, max_len
-    self.max_top_logprobs = max_top_logprobs
+    self.max_top_logprobs, self.scorer = max_top_logprobs, scorer
     self.created = int(time.time())
 
   def piece(self, tid: int) -> str:
@@ -104,7 +115,15 @@ class _Api:
     return _cut_stop(self.tok.decode(row.tokens, skip_special_tokens=True), stop)
 
   async def generate(self, req: GenRequest) -> list[list[RowResult]]:
-    return await asyncio.wrap_future(self.batcher.submit(req))
+    if req.max_tokens:
+      rows = await asyncio.wrap_future(self.batcher.submit(req))
+    else:  # echo only: no generation
+      rows = [[RowResult([], [], [], [], "length", len(p)) for _ in range(req.n)] for p in req.prompts]
+    if req.echo:  # one forward over the request's prompts, on the batcher's thread
+      scorer, prompts, k = self.scorer, req.prompts, req.top_logprobs
+      scored = await asyncio.wrap_future(self.batcher.call(lambda: scorer(prompts, k)))
+      rows = [[dataclasses.replace(r, prompt_logprobs=sc) for r in per] for per, sc in zip(rows, scored)]
+    return rows
 
   def usage(self, req: GenRequest, rows: list[list[RowResult]]) -> dict:
     prompt = sum(len(p) for p in req.prompts)
@@ -190,13 +209,48 @@ class _Api:
     k = 0
     if body.get("logprobs") is not None:
       k = _num(body, "logprobs", 0, int, lambda v: 0 <= v <= self.max_top_logprobs)
-    if body.get("echo"):
-      raise RequestError("echo", "not supported")
-    return _gen_request(body, ids, k, self.max_len)
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+      raise RequestError("echo", f"expected a boolean, got {echo!r}")
+    if echo and body.get("stream"):
+      raise RequestError("echo", "not supported with stream")
+    if echo and self.scorer is None:
+      raise RequestError("echo", "this backend cannot score prompts")
+    texts = tuple(p if isinstance(p, str) else None for p in prompt)
+    return _gen_request(body, ids, k, self.max_len, echo=echo, prompt_texts=texts)
 
-  def completion_logprobs(self, row: RowResult, k: int, sl=slice(None)) -> dict:
-    tokens = [self.piece(t) for t in row.tokens[sl]]
+  def prompt_text(self, req: GenRequest, p: int) -> str:
+    text = req.prompt_texts[p] if p < len(req.prompt_texts) else None
+    return text if text is not None else self.tok.decode(req.prompts[p], skip_special_tokens=False)
+
+  def prompt_offsets(self, req: GenRequest, p: int) -> list[int]:
+    """Start of each prompt token in the echoed prompt text: the tokenizer's offset mapping of a text
+    prompt (when it re-encodes to the same ids), else the running length of the decoded pieces."""
+    ids, text = req.prompts[p], (req.prompt_texts[p] if p < len(req.prompt_texts) else None)
+    if text is not None:
+      try:
+        enc = self.tok(text, add_special_tokens=True, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == list(ids):
+          return [int(a) for a, _ in enc["offset_mapping"]]
+      except (NotImplementedError, TypeError, ValueError, KeyError):  # a slow tokenizer has no offsets
+        pass
     offsets, pos = [], 0
+    for t in ids:
+      offsets.append(pos)
+      pos += len(self.piece(t))
+    return offsets
+
+  def echo_logprobs(self, req: GenRequest, p: int, row: RowResult, k: int) -> dict:
+    """The prompt's part of a completion's ``logprobs`` (the first token has none, as in OpenAI's API)."""
+    ids, sc = req.prompts[p], row.prompt_logprobs
+    top = [None] + [{self.piece(a): v for a, v in zip(ti, tv)} for ti, tv in zip(sc.top_ids, sc.top_logprobs)] \
+        if k else [None] * len(ids)
+    return {"tokens": [self.piece(t) for t in ids], "token_logprobs": [None] + list(sc.logprobs),
+            "top_logprobs": top, "text_offset": self.prompt_offsets(req, p)}
+
+  def completion_logprobs(self, row: RowResult, k: int, sl=slice(None), start: int = 0) -> dict:
+    tokens = [self.piece(t) for t in row.tokens[sl]]
+    offsets, pos = [], start
     for s in tokens:
       offsets.append(pos)
       pos += len(s)
@@ -212,9 +266,21 @@ class _Api:
         out.append((len(out), r, want))
     return out
 
+  def completion_choice(self, i: int, req: GenRequest, p: int, r: RowResult, want: bool) -> dict:
+    text, lp = self.text(r, req.stop), None
+    if want:
+      lp = self.completion_logprobs(r, req.top_logprobs)
+    if req.echo:
+      head = self.prompt_text(req, p)
+      if want:
+        gen = self.completion_logprobs(r, req.top_logprobs, start=len(head))
+        lp = {key: v + gen[key] for key, v in self.echo_logprobs(req, p, r, req.top_logprobs).items()}
+      text = head + text
+    return {"index": i, "text": text, "logprobs": lp, "finish_reason": _FINISH[r.finish_reason]}
+
   def completion_response(self, body: dict, req: GenRequest, rows: list[list[RowResult]]) -> dict:
-    choices = [{"index": i, "text": self.text(r, req.stop), "logprobs": self.completion_logprobs(r, req.top_logprobs)
-                if want else None, "finish_reason": _FINISH[r.finish_reason]}
+    per_prompt = [p for p, per in enumerate(rows) for _ in per]
+    choices = [self.completion_choice(i, req, per_prompt[i], r, want)
                for i, r, want in self.completion_choices(body, req, rows)]
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": self.model_name, "choices": choices, "usage": self.usage(req, rows)}
@@ -260,8 +326,9 @@ def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_
   cap = getattr(backend, "max_top_logprobs", None)  # an Engine holds at most this many per token
   if cap is not None:
     max_top_logprobs = min(max_top_logprobs, cap)
+  scorer = PromptScorer(backend) if hasattr(backend, "graphdef") and hasattr(backend, "params") else None
   batcher = Batcher(backend, max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
-  api = _Api(tokenizer, batcher, model_name, backend.max_len, max_top_logprobs)
+  api = _Api(tokenizer, batcher, model_name, backend.max_len, max_top_logprobs, scorer)
   @contextlib.asynccontextmanager
   async def lifespan(_app):
     yield

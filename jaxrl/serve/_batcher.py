@@ -54,6 +54,10 @@ class GenRequest:
   seed: int = 0
   stop: tuple[str, ...] = ()
   top_logprobs: int = 0
+  echo: bool = False
+  """``/v1/completions`` ``echo``: the prompt (with its log-probs) is prepended; ``max_tokens`` may be 0."""
+  prompt_texts: tuple[str | None, ...] = ()
+  """The prompts as sent, where they were text (for the echoed text and its offsets)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,16 +70,19 @@ class RowResult:
   top_logprobs: list[list[float]]  # [len, k]
   finish_reason: str  # "eos" | "stop" | "length"
   prompt_tokens: int
+  prompt_logprobs: Any = None
+  """With ``echo``: the prompt's :class:`jaxrl.serve._score.PromptLogprobs`."""
 
 
 @dataclasses.dataclass
 class _Job:
-  req: GenRequest
+  req: GenRequest | None
   future: cf.Future
+  fn: Any = None  # a callable run alone on the worker thread (prompt scoring), instead of ``req``
 
   @property
   def rows(self) -> int:
-    return len(self.req.prompts) * self.req.n
+    return 0 if self.req is None else len(self.req.prompts) * self.req.n
 
 
 class Batcher:
@@ -108,6 +115,13 @@ class Batcher:
     self._queue.put(_Job(req, fut))
     return fut
 
+  def call(self, fn) -> cf.Future:
+    """Queues ``fn()`` to run on the worker thread between generate calls (so device work stays serial);
+    the future resolves to its result."""
+    fut: cf.Future = cf.Future()
+    self._queue.put(_Job(None, fut, fn))
+    return fut
+
   def close(self) -> None:
     self._queue.put(None)
     self._thread.join(timeout=60)
@@ -119,6 +133,8 @@ class Batcher:
     self._held = None
     if first is None:
       return None
+    if first.fn is not None:
+      return [first]
     jobs, rows = [first], first.rows
     deadline = time.monotonic() + self.batch_wait_s
     while rows < self.max_batch_rows:
@@ -129,7 +145,7 @@ class Batcher:
       if job is None:
         self._queue.put(None)
         break
-      if rows + job.rows > self.max_batch_rows or job.req.stop != first.req.stop:
+      if job.fn is not None or rows + job.rows > self.max_batch_rows or job.req.stop != first.req.stop:
         self._held = job  # starts the next batch
         break
       jobs.append(job)
@@ -141,6 +157,12 @@ class Batcher:
       jobs = self._next_batch()
       if jobs is None:
         return
+      if jobs[0].fn is not None:
+        try:
+          jobs[0].future.set_result(jobs[0].fn())
+        except Exception as e:  # noqa: BLE001 (reported to the request, not the server)
+          jobs[0].future.set_exception(e)
+        continue
       try:
         results = self._run(jobs)
       except Exception as e:  # a bad batch fails its requests, not the server

@@ -21,30 +21,66 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
   p.add_argument("--param-dtype", default=None, choices=["float32", "bfloat16"],
                  help="weight storage dtype (default: the compute dtype; only training needs float32 masters)")
+  e = p.add_argument_group("backend", "what generates: the batch sampler, or the continuous-batching engine "
+                           "(paged KV cache; rows join and leave the decode batch as they start and finish)")
+  e.add_argument("--backend", default="sampler", choices=["sampler", "engine"],
+                 help="sampler: jaxrl.sampling.Sampler (default); engine: jaxrl.sampling.Engine")
+  e.add_argument("--num-slots", type=int, default=8, help="engine: rows decoded together")
+  e.add_argument("--block-size", type=int, default=16, help="engine: KV cache slots per block")
+  cache = e.add_mutually_exclusive_group()
+  cache.add_argument("--kv-cache-bytes", type=int, default=None, help="engine: KV cache budget per device (bytes)")
+  cache.add_argument("--num-blocks", type=int, default=None,
+                     help="engine: KV cache blocks in all (default, without --kv-cache-bytes: enough for every "
+                          "slot to hold --max-len tokens)")
   return p
+
+
+def make_backend(args: argparse.Namespace, model, tokenizer):
+  """The generate backend the parsed ``args`` ask for (``--backend`` and its knobs)."""
+  from jaxrl import sampling
+  if args.backend == "sampler":
+    return sampling.Sampler(model, tokenizer, max_len=args.max_len)
+  for key in ("num_slots", "block_size", "kv_cache_bytes", "num_blocks"):
+    value = getattr(args, key)
+    if value is not None and value < 1:
+      raise ValueError(f"--{key.replace('_', '-')}: must be a positive int, got {value}")
+  num_blocks = args.num_blocks
+  if num_blocks is None and args.kv_cache_bytes is None:
+    num_blocks = args.num_slots * (-(-args.max_len // args.block_size) + 1)
+  return sampling.Engine(model, tokenizer, num_slots=args.num_slots, max_len=args.max_len,
+                         block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes, num_blocks=num_blocks,
+                         max_top_logprobs=min(args.max_top_logprobs, model.cfg.vocab_size))
+
+
+def build_app(argv: list[str] | None = None):
+  """``(app, args)`` for ``jaxrl serve`` arguments, without starting the server (tests, embedding)."""
+  args = build_parser().parse_args(argv)
+  from pathlib import Path
+
+  from jaxrl import models
+  from jaxrl.sampling._cli import load_inference_model
+  from jaxrl.serve._app import create_app
+
+  tokenizer = models.load_tokenizer(args.tokenizer or args.model)
+  model = load_inference_model(args.model, dtype=args.dtype, param_dtype=args.param_dtype)
+  backend = make_backend(args, model, tokenizer)
+  app = create_app(backend, model_name=args.served_model_name or Path(args.model).resolve().name,
+                   max_batch_rows=args.max_batch_rows, batch_wait_s=args.batch_wait_ms / 1000,
+                   max_top_logprobs=args.max_top_logprobs)
+  return app, args
 
 
 def main(argv: list[str] | None = None) -> int:
   """Entry point of ``jaxrl serve``; returns the exit status."""
-  args = build_parser().parse_args(argv)
-  from pathlib import Path
-
-  from jaxrl import models, sampling
-  from jaxrl.sampling._cli import load_inference_model
-  from jaxrl.serve._app import ServerThread, create_app
+  from jaxrl.serve._app import ServerThread
 
   try:
-    tokenizer = models.load_tokenizer(args.tokenizer or args.model)
-    model = load_inference_model(args.model, dtype=args.dtype, param_dtype=args.param_dtype)
-    sampler = sampling.Sampler(model, tokenizer, max_len=args.max_len)
-    app = create_app(sampler, model_name=args.served_model_name or Path(args.model).resolve().name,
-                     max_batch_rows=args.max_batch_rows, batch_wait_s=args.batch_wait_ms / 1000,
-                     max_top_logprobs=args.max_top_logprobs)
+    app, args = build_app(argv)
   except (FileNotFoundError, ValueError, KeyError) as e:
     print(f"jaxrl serve: error: {e}", file=sys.stderr)
     return 2
   srv = ServerThread(app, host=args.host, port=args.port, log_level="info").start()
-  print(f"jaxrl serve: {args.model} at {srv.url} (Ctrl-C stops)", flush=True)
+  print(f"jaxrl serve: {args.model} ({args.backend}) at {srv.url} (Ctrl-C stops)", flush=True)
   try:
     srv.thread.join()
   except KeyboardInterrupt:

@@ -43,6 +43,10 @@ class SFTData:
   "Malformed records to skip (counted, reported) before failing."
   shuffle_seed: int = 0
 
+  def __post_init__(self):
+    if self.max_bad_records < 0:
+      raise ValueError(f"data.max_bad_records must be >= 0, got {self.max_bad_records!r}")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SFTLoss:
@@ -210,7 +214,9 @@ class SFTTrainer:
     dcfg = data_lib.DataConfig(paths=tuple(paths), seed=self.cfg.data.shuffle_seed, num_epochs=epochs,
                                max_bad_records=self.cfg.data.max_bad_records, shuffle=epochs != 1)
     # The global stream on every process (not sharded by process): see the module docstring.
-    return iter(data_lib.sft_batches(dcfg, self.cfg.packing, self.tokenizer, process_index=0, process_count=1))
+    ds = data_lib.sft_batches(dcfg, self.cfg.packing, self.tokenizer, process_index=0, process_count=1)
+    self._last_source = ds.source  # bad records and file fingerprints (skip report, resume check)
+    return iter(ds)
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """A global batch's arrays → global device arrays, each process feeding its own rows."""
@@ -244,10 +250,12 @@ class SFTTrainer:
     """Trains to ``cfg.steps`` (or stops after step ``until``, as a pre-emption would)."""
     cfg = self.cfg
     it = self._batches(self.train_paths, epochs=None)
+    source = self._last_source
     start_step = 0
     guard = train.SkipGuard(cfg.guards, log=print)
     if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
       start_step, self.state, host = self.checkpointer.restore(self.state)
+      data_lib.check_fingerprint(host.get("data_files"), source.fingerprint())
       it.set_state(host["data"])
       guard.set_state(host.get("guards"))
     # Process 0 logs to out_dir; others (same global metrics) to out_dir/processes/K, never the same files.
@@ -267,7 +275,7 @@ class SFTTrainer:
     losses_seen = []
     last = cfg.steps if until is None else min(until, cfg.steps)
     stats = None  # packing statistics of the last batch trained in this process (none when resumed at the end)
-    pending = None  # (step, skipped, non-finite micro-batches) of the last step, read one step late
+    pending = None  # (step, skipped, non-finite micro-batches, loss) of the last step, read one step late
     try:
       with train.PreemptionGuard() as preempt:
         for step in range(start_step + 1, last + 1):
@@ -277,7 +285,7 @@ class SFTTrainer:
           self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
           if pending is not None:  # the previous step is done by now: reading its flags does not stall
             guard.observe(*sharding.to_host(pending))
-          pending = (step, metrics["skipped"], metrics[train.NONFINITE_KEY])
+          pending = (step, metrics["skipped"], metrics[train.NONFINITE_KEY], metrics["loss"])
           if step % cfg.log_every == 0 or step == cfg.steps:
             metrics = sharding.to_host(metrics)
             now = time.perf_counter()
@@ -302,7 +310,8 @@ class SFTTrainer:
             guard.observe(*sharding.to_host(pending))
             pending = None
             self.checkpointer.save(step, self.state, {"data": it.get_state(), "step": step,
-                                                      "guards": guard.state()}, force=True)
+                                                      "guards": guard.state(),
+                                                      "data_files": source.fingerprint()}, force=True)
           if signum:
             if self.checkpointer is not None:
               self.checkpointer.close()
@@ -319,6 +328,9 @@ class SFTTrainer:
       if ev:
         results["eval_after"] = ev
     plot = logger.close(title="sft")
+    skips = sft_skip_report(source, stats, cfg.packing)
+    skips.print(logger.console)
+    results["skips"] = skips.as_dict()
     if last < cfg.steps:
       if self.pid == 0:
         (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
@@ -334,6 +346,19 @@ class SFTTrainer:
     if self.pid == 0:
       (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
+
+
+def sft_skip_report(source, stats, packing: data_lib.PackingConfig) -> data_lib.SkipReport:
+  """Bad records the source skipped (``data.max_bad_records``) and the samples packing truncated or
+  dropped (cumulative over the samples read, repeats of an epoch included)."""
+  report = data_lib.SkipReport()
+  report.add_bad_records(source.bad_reasons)
+  if stats is not None:
+    report.add(f"over-long sample truncated to packing.seq_len={packing.seq_len}", count=stats.truncated)
+    report.add("over-long sample dropped (packing.overlong=drop) or no trained token left"
+               if packing.overlong == "drop" else "sample with no trained token left after truncation",
+               count=stats.dropped)
+  return report
 
 
 def heldout_exact_match(model, tokenizer, paths, *, n: int, max_new_tokens: int, mesh=None) -> float:

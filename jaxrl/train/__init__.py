@@ -1,7 +1,7 @@
 """Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging."""
 
 from jaxrl.train._checkpoint import CheckpointConfig, CheckpointError, Checkpointer
-from jaxrl.train._guards import GuardConfig, NonFiniteError, SkipGuard
+from jaxrl.train._guards import GuardConfig, LossSpikeError, NonFiniteError, SkipGuard
 from jaxrl.train._logging import MetricsLogger
 from jaxrl.train._optim import OptimConfig, make_optimizer, make_schedule
 from jaxrl.train._preempt import Preempted, PreemptionGuard
@@ -21,6 +21,7 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "GuardConfig",
+    "LossSpikeError",
     "MetricsLogger",
     "NonFiniteError",
     "OptimConfig",

@@ -66,7 +66,7 @@ def test_missing_peer_venv_is_skipped_with_a_reason(tmp_path, monkeypatch):
 
   monkeypatch.setenv(bench_rl.VENV_ROOT_ENV, str(tmp_path / "venvs"))
   monkeypatch.setattr(bench_rl, "Peer", FakePeer)
-  monkeypatch.setattr(bench_rl, "write_workload", lambda work, model=None: {})
+  monkeypatch.setattr(bench_rl, "write_workload", lambda work, **kw: {})
   logged = []
   res = bench_rl.run(tmp_path / "work", steps=2, peers=["tunix"], sampling=False, log=logged.append)
   assert list(res["frameworks"]) == ["jaxrl"]

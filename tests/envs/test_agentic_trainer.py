@@ -53,9 +53,11 @@ def test_config_errors_name_the_key(tmp_path):
     _config(tmp_path, **{"arpo.initial_samples": 5})
   with pytest.raises(config_lib.ConfigError, match="env.max_turns"):
     _config(tmp_path, **{"env.max_turns": 0})
-  with pytest.raises(config_lib.ConfigError, match="rollout.engine"):
-    _config(tmp_path, **{"rollout.engine": {"num_slots": 8}})
+  with pytest.raises(config_lib.ConfigError, match="rollout.engine: ARPO"):
+    _config(tmp_path, **{"rollout.engine": {"num_slots": 8, "kv_cache_bytes": 1 << 20}})
+  assert _config(tmp_path, **{"rollout.engine": {"num_slots": 8, "kv_cache_bytes": 1 << 20},
+                              "arpo": None}).rollout.engine.num_slots == 8
   with pytest.raises(config_lib.ConfigError, match="unknown config key '(env|arpo)'"):
     config_lib.load(__import__("jaxrl").rl.RLConfig, "configs/agentic_calculator_tiny.yaml")
   cfg = config_lib.load(envs.AgenticRLConfig, "configs/agentic_calculator_tiny.yaml")
-  assert cfg.env.name == "tools" and cfg.arpo.initial_samples == 4 and cfg.algorithm.advantage == "arpo_soft"
+  assert cfg.env.name == "tools" and cfg.env.kwargs["tools"] == {"calculator": {}} and cfg.arpo is None

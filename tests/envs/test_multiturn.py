@@ -95,3 +95,34 @@ def test_tool_tokens_contribute_nothing_to_gradient_or_counts(agent_batch, tiny_
   wrong = losses.loss_weights(counted, mode=aggregation, group_ids=mb["group_ids"], num_groups=2,
                               segment_ids=mb["segment_ids"], max_len=80)
   assert not np.array_equal(np.asarray(w0), np.asarray(wrong))
+
+
+def test_engine_multi_turn_equals_the_sampler_path(agent_batch, tiny_model, tiny_tokenizer):
+  """Continuous batching on the Engine: every turn a request of its own, submitted when its
+  observation is ready; the trajectories are the Sampler path's, token for token."""
+  from jaxrl import sampling
+  engine = sampling.Engine(tiny_model, tiny_tokenizer, max_len=128, num_slots=4, num_blocks=40, block_size=16,
+                           min_bucket=64)
+  driver = envs.MultiTurnRollout(engine, tiny_tokenizer, envs.env_factory("scripted_tools", observations=2),
+                                 max_turns=6, max_turn_tokens=10, max_prompt_tokens=32)
+  try:
+    batch = driver.run([{"prompt": "12+34"}, {"prompt": "5*6"}], n=2, max_new_tokens=80, request_ids=[3, 4],
+                       options=envs.SamplingOptions(temperature=1.0, seed=0))
+    with pytest.raises(ValueError, match="arpo"):
+      driver.run([{"prompt": "1+1"}], n=2, max_new_tokens=8, request_ids=[0], arpo=envs.ArpoConfig(initial_samples=1))
+  finally:
+    driver.close()
+  assert batch.stats["generate_calls"] > 3  # turns were submitted as observations became ready
+  ref, got = agent_batch.arrays(), batch.arrays()
+  for key in ("tokens", "policy_mask", "lengths", "rewards", "truncated"):
+    np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+  np.testing.assert_allclose(got["logprobs"], ref["logprobs"], atol=1e-5, rtol=0)
+  assert [t.turns for t in batch.trajectories] == [t.turns for t in agent_batch.trajectories]
+  # The log-prob contract holds for the engine's trajectories too (float32, 1e-5).
+  ro = batch.to_rollout(tiny_tokenizer)
+  mb = _packed(ro)
+  graphdef, params = nnx.split(tiny_model)
+  lp = np.asarray(policy_logprobs(graphdef, params, mb, temperature=1.0, chunk_size=1024))
+  mask = np.asarray(mb["loss_mask"]) > 0
+  assert mask.sum() == ro.policy_mask.sum()
+  np.testing.assert_allclose(lp[mask], np.asarray(mb["sampler_logprobs"])[mask], atol=1e-5, rtol=0)

@@ -47,6 +47,7 @@ def test_prosqa_recipe_loads():
     (["eot_head=0.5", "method=cot"], "eot_head=0.5 needs continuous thoughts"),
     (["eval.stop=classifier"], "eval.stop=classifier needs the <eot> head"),
     (["eval.stop=sometimes"], "eval.stop"),
+    (["eval.before=maybe"], "eval.before"),
     (["pack_length=-1"], "pack_length"),
     (["data.prosqa.min_hops=0"], "min_hops"),
 ])

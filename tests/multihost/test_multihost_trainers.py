@@ -30,10 +30,11 @@ HEARTBEAT = 5  # JAXRL_HEARTBEAT_TIMEOUT of the kill test, in seconds
 RL = ["steps=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8",
       "data.builtin.n_train=8", "data.builtin.n_heldout=8", "micro_batch.token_budget=384", "micro_batch.row_len=48",
       "reward.fn=rl_testlib:digit_fraction", "eval.every=3", "eval.prompts=5", "export_hf=true",
-      "tensorboard=false", "checkpoint.every=1", "rollout.engine=null"]
+      "tensorboard=false", "checkpoint.every=1"]
 """configs/grpo_tiny.yaml shortened: 8 prompts (the prompt stream starts its second epoch at step 3), a dense
 reward (a random policy gets non-zero advantages), 5 held-out prompts (an uneven split over 2 processes), and
-jaxrl.sampling.Sampler (the continuous-batching engine is single-process so far)."""
+rollouts on the recipe's continuous-batching engine (jaxrl.sampling.Engine, run by every process over all
+processes' prompts)."""
 SFT = ["steps=3", "data.builtin.n_train=64", "data.builtin.n_heldout=8", "packing.seq_len=64", "packing.global_rows=8",
        "packing.buffer_size=16", "eval.every=3", "eval.batches=1", "eval.exact_match=3", "eval.max_new_tokens=4",
        "checkpoint.every=1", "export_hf=true", "tensorboard=false"]
@@ -123,11 +124,17 @@ def test_rl_two_processes_train_like_one(rl_single, tmp_path):
   _assert_same_weights(tmp_path, single_dir)
   _assert_same_metrics(tmp_path, single_dir)
   # Every prompt of every round is generated exactly once, by exactly one process: the same prompts as
-  # one process draws, split into equal contiguous shares.
+  # one process draws, split into equal contiguous shares; the engine, scheduling every process's rows on
+  # every process, gives each process the tokens and log-probs one process gets for those rows.
   for k, want in enumerate(single["rounds"]):
     shares = [r["rounds"][k] for r in pair]
     assert [len(s) for s in shares] == [len(want) // 2] * 2
     assert shares[0] + shares[1] == want, (k, shares, want)
+    want_out = single["rollouts"][k]
+    got_out = [r["rollouts"][k] for r in pair]
+    assert got_out[0]["tokens"] + got_out[1]["tokens"] == want_out["tokens"], k
+    np.testing.assert_allclose(got_out[0]["logprobs"] + got_out[1]["logprobs"], want_out["logprobs"], rtol=0,
+                               atol=1e-6, err_msg=f"round {k}")
 
 
 def test_rl_checkpoints_move_between_process_counts(rl_single, tmp_path):

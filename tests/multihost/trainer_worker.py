@@ -3,7 +3,7 @@
 Run as ``python trainer_worker.py KIND NUM_PROCESSES PROCESS_ID LOCAL_DEVICES PORT UNTIL CONFIG [key=value ...]``
 with KIND ``rl`` or ``sft``. ``UNTIL`` 0 runs the command line (``jaxrl.cli.main``); ``UNTIL`` > 0 stops
 after that step as a pre-emption would (``Trainer.run(until=...)``). The last stdout line is JSON with
-the prompt indices this process generated for, per round (RL).
+the prompt indices this process generated for, per round, and that round's tokens and log-probs (RL).
 """
 
 import json
@@ -27,12 +27,15 @@ from jaxrl import config as config_lib  # noqa: E402
 from jaxrl.rl import _trainer  # noqa: E402
 
 rounds: list[list[int]] = []
+rollouts: list[dict] = []
 _generate = _trainer.RLTrainer._generate
 
 
 def _recording_generate(self, sampler, idx, request_ids, **kwargs):
   rounds.append([int(i) for i in idx])
-  return _generate(self, sampler, idx, request_ids, **kwargs)
+  rollout, info = _generate(self, sampler, idx, request_ids, **kwargs)
+  rollouts.append({"tokens": rollout.tokens.tolist(), "logprobs": rollout.logprobs.tolist()})
+  return rollout, info
 
 
 _trainer.RLTrainer._generate = _recording_generate
@@ -53,5 +56,5 @@ else:
       trainer.close()
   rc = 0
 print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
-                  "rounds": rounds, "rc": rc}), flush=True)
+                  "rounds": rounds, "rollouts": rollouts, "rc": rc}), flush=True)
 sys.exit(rc)

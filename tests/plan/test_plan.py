@@ -4,8 +4,10 @@ oversized recipe refused, the TPU kernel under any matmul precision, and real re
 TPU targets need libtpu and NVIDIA targets the CUDA plugin (``pip install 'jaxrl[plan]'``, installed by
 scripts/run.sh); without them those tests skip and say why. Real-recipe compiles use ``layers=1`` (1 and 2
 scanned layers, extrapolated to the model's depth) and only the train step, the largest trainer program:
-DeepScaleR on v5p-8 and AReaL on h100x8 by default; ``JAXRL_PLAN_ALL=1`` compiles all four recipes on
-their TPU targets (each compile of a real-shape train step takes minutes of CPU).
+DeepScaleR on v5p-8 and AReaL (its h100x8 variant) on h100x8 by default; ``JAXRL_PLAN_ALL=1`` compiles all
+four recipes on their TPU targets (each compile of a real-shape train step takes minutes of CPU). Every
+recipe x target pair, with its ``plan.overrides`` variant, is checked from shapes (no compile): a lower
+bound of the peak, see ``test_every_recipe_variant_fits_its_targets_from_shapes``.
 """
 
 from __future__ import annotations
@@ -216,6 +218,31 @@ def test_tpu_kernel_lowers_when_no_mesh_axis_divides_the_rows():
     jax.jit(f).lower(q, kv, kv, seg)
 
 
+def test_every_recipe_variant_fits_its_targets_from_shapes():
+  """Every shipped real-size recipe x (its TPU target, h100x8), with that target's plan.overrides: what the
+  trainer and the engine hold from shapes alone (float32 weights and Adam moments, the engine's bf16 copy,
+  its KV pool, the batch) leaves at least 10 % of HBM free in every program. A lower bound, not the
+  compiled peak: the compiled numbers are the slow tests below (two pairs) and docs/scaling.md's tables."""
+  for recipe in RECIPES:
+    targets = plan.load_recipe(str(CONFIGS / f"{recipe}.yaml")).plan.targets
+    assert "h100x8" in targets and plan.get_target(targets[0]).platform == "tpu", (recipe, targets)
+    for target in targets:
+      _need(target)
+      cfg = plan.load_recipe(str(CONFIGS / f"{recipe}.yaml"), target=target)
+      result = plan.plan_recipe(cfg, target, programs=("train", "engine"), compile=False)
+      name = lambda r: r.program.split("[")[0].split("/")[-1]  # asynchronous: rollout/..., trainer/... rows
+      assert {name(r) for r in result.rows} == {"train_step", "engine_prefill", "engine_recompute",
+                                                "engine_decode"}, (recipe, target)
+      master = next(r for r in result.rows if name(r) == "train_step").params  # float32, sharded
+      for r in result.rows:
+        assert r.status == "ok" and r.headroom >= 0.10 and r.peak > 0, (recipe, target, plan.format_plan(result))
+        if r.program.startswith("engine"):  # the bf16 copy it reads + the float32 master weights (+ KL reference)
+          copies = 1.5 + (0.5 if cfg.algorithm.kl_coef > 0 else 0.0)
+          assert r.params == pytest.approx(copies * master, rel=1e-6), (recipe, target, r)
+          budget = cfg.rollout.engine.kv_cache_bytes  # per device, rounded down to whole blocks
+          assert 0.99 * budget < r.kv_cache <= budget, (recipe, target, r)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_train_step_fits_its_tpu_target(recipe):
@@ -244,7 +271,7 @@ def test_recipe_train_step_fits_h100x8_with_the_triton_kernel():
   Pallas Triton attention kernel, inside the sharded step, fits with at least 10 % headroom (the CUDA
   compiler does not detect OOM itself: the plan compares memory_analysis() with HBM)."""
   _need("h100x8")
-  cfg = plan.load_recipe(str(CONFIGS / "areal_1p5b.yaml"))
+  cfg = plan.load_recipe(str(CONFIGS / "areal_1p5b.yaml"), target="h100x8")
   with jax.default_matmul_precision("default"):
     result = plan.plan_recipe(cfg, "h100x8", layers=1, programs=("train",), stages=(0,))
   assert result.attention == "pallas_triton" and result.platform == "cuda"

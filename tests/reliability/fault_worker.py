@@ -6,6 +6,8 @@ Run as ``python fault_worker.py KIND FAULT CONFIG [key=value ...]``. ``FAULT`` i
 
 - ``in_step``: while the step runs (SFT: right after the jitted update is dispatched; RL: after the
   rollout, before the update),
+- ``in_reward`` (RL): the step's samples are submitted to the reward pool, one is scored, the rest
+  are still being scored,
 - ``before_save``: the step is done, its checkpoint not started,
 - ``after_save``: the checkpoint's asynchronous write has just started,
 - ``in_commit``: every file of the checkpoint is written, the commit (rename) has not happened,
@@ -119,5 +121,16 @@ else:
     return _update(self, rollout, step)
 
   rl_trainer.RLTrainer.update = update
+  _submit = rl_trainer.RLTrainer._submit
+
+  def submit(self, prompts, idx, n, texts, *, offset):
+    indices = _submit(self, prompts, idx, n, texts, offset=offset)
+    step = self.stream.drawn // self.cfg.rollout.prompts_per_step  # this step's prompts are drawn
+    if phase == "in_reward" and step == at and prompts is self.train_prompts:
+      self.rewards.collect(indices[:1])  # one sample scored, the others still in the pool
+      die()
+    return indices
+
+  rl_trainer.RLTrainer._submit = submit
 
 sys.exit(cli.main([kind, "--config", config, *overrides]))

@@ -28,19 +28,22 @@ def _uninterrupted(kind, config, out_dir):
       trainer.close()
 
 
-def test_sft_killed_during_a_commit_and_preempted_resumes_exactly(tmp_path):
-  config = faultlib.sft_config(4)
+def test_sft_preempted_then_killed_during_a_commit_resumes_exactly(tmp_path):
+  config = faultlib.sft_config(3)
   _uninterrupted("sft", config, tmp_path / "straight")
-  # Step 2's files are written but not committed; then SIGTERM after step 3 (checkpoint, exit 143).
-  launches = faultlib.run_chain("sft", config, tmp_path / "chain", ["in_commit:2", "sigterm:3"])
-  assert "partial checkpoint of step 2" in launches[1].stderr
-  assert "stopped by SIGTERM after step 3" in launches[1].stderr
+  # SIGTERM after step 2 (its checkpoint, exit 143); the resumed launch trains step 3 and is killed
+  # while committing it (files written, not committed); the last launch ignores that partial
+  # checkpoint, resumes from step 2 and trains step 3 again.
+  launches = faultlib.run_chain("sft", config, tmp_path / "chain", ["sigterm:2", "in_commit:3"])
+  assert "stopped by SIGTERM after step 2" in launches[0].stderr
+  assert "partial checkpoint of step 3" in launches[2].stderr
   assert faultlib.compare(tmp_path / "straight", tmp_path / "chain") == []
 
 
-def test_rl_killed_mid_step_after_an_epoch_boundary_resumes_exactly(tmp_path):
-  config = faultlib.rl_config(4)
+def test_rl_killed_during_reward_scoring_after_an_epoch_boundary_resumes_exactly(tmp_path):
+  config = faultlib.rl_config(3)
   _uninterrupted("rl", config, tmp_path / "straight")
-  # Step 3 starts the prompt stream's second epoch; killed between its rollout and its update.
-  faultlib.run_chain("rl", config, tmp_path / "chain", ["in_step:3"])
+  # Step 3 starts the prompt stream's second epoch; killed while its rewards are being scored
+  # (the rollout is generated, one sample scored; in_step, after scoring, is in the script's suite).
+  faultlib.run_chain("rl", config, tmp_path / "chain", ["in_reward:3"])
   assert faultlib.compare(tmp_path / "straight", tmp_path / "chain") == []

@@ -24,13 +24,21 @@ def _cfg(out_dir, mesh):
 
 def test_restore_on_another_mesh_gives_identical_values_and_the_same_next_loss(tmp_path):
   straight = sft.SFTTrainer(_cfg(tmp_path / "a", {"fsdp": 8}))
+  step_fn, trained = straight.step_fn, {}
+
+  def recording_step(state, *args):  # the uninterrupted run's state after each step, in memory
+    out = step_fn(state, *args)
+    trained[int(out[0].step)] = jax.tree.map(np.asarray, out[0])
+    return out
+  straight.step_fn = recording_step
   want = straight.run()  # uninterrupted, checkpoints 1-3
   (tmp_path / "b").mkdir()
   shutil.copytree(tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints")
   shutil.rmtree(tmp_path / "b" / "checkpoints" / "3")  # as if stopped after step 2
   saved = train.Checkpointer(tmp_path / "a" / "checkpoints", every=1)
-  _, at_2, host = saved.restore(straight.state, step=2)
+  _, _, host = saved.restore(straight.state, step=2)
   saved.close()
+  at_2 = trained[2]  # what the checkpoint of step 2 must hold, taken from the run, not from a restore
 
   moved = sft.SFTTrainer(_cfg(tmp_path / "b", {"data": 2, "fsdp": 2, "tensor": 2}))
   step, restored, moved_host = moved.checkpointer.restore(moved.state)

@@ -71,7 +71,7 @@ def test_a_server_without_echo_is_a_judge_error(tmp_path):
   app = FastAPI()
 
   @app.post("/v1/completions")
-  async def completions(request: Request):  # what `jaxrl serve` answers today
+  async def completions(request: Request):  # a server without echo (jaxrl serve has it: tests/serve/test_echo.py)
     return JSONResponse({"error": {"message": "echo: not supported", "param": "echo"}}, status_code=400)
   with serve.ServerThread(app, port=0) as srv:
     judge = rewards.Judge(base_url=srv.url, model="m", max_retries=0)

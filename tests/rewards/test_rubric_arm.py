@@ -72,6 +72,7 @@ def test_arithmetic_pairs_prefer_the_correct_answer():
     ("judge_template='{rubric} {answer}'", "judge_template: uses a field other than"),
     ("judge.reward.runner.executor=process", "judge.reward.runner.executor: must be 'thread'"),
     ("rounds=0", "rounds must be >= 1"),
+    ("judge_sft={out_dir: x}", "judge_sft.out_dir: set by Rubric-ARM"),
 ])
 def test_rubric_arm_config_errors_name_the_key(override, key, capsys):
   from pathlib import Path

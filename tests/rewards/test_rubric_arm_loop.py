@@ -51,6 +51,7 @@ def test_alternating_phases_train_one_side_and_freeze_the_other(tmp_path):
   assert _changed(j1, j2) == [], "the judge changed during the generator phase"
   assert _changed(g1, g2), "the generator did not train in its phase"
   assert arm._judge_calls == 2 * 4 * 2  # each of the 2 x 4 rubrics judged by the frozen judge in both orders
+  assert arm.judge_generate_calls == 1  # ... all in one batched generate call for the generator's one step
   chosen, rejected = {p["chosen"] for p in arm.pairs}, {p["rejected"] for p in arm.pairs}
   assert len(records) == 2
   for r, rubric in zip(records, arm.last_rubrics):

@@ -102,17 +102,18 @@ class SlowFuture:
 
 
 def simulate(*, eta: int, B: int = 3, n: int = 2, steps: int = 25, one_off: bool = False, interrupt: bool = True,
-             seed: int = 0):
+             seed: int = 0, start: int = 0):
   """Runs the real RolloutWorker + AsyncSchedule against the scripted engine with a trainer that takes
   batches at random moments; returns (batches, per-batch staleness arrays, engine, max buffer fill)."""
   rng = random.Random(seed)
-  sched = AsyncSchedule(B, eta, steps * B)
+  sched = AsyncSchedule(B, eta, steps * B, start=start)
   engine = ScriptedEngine(rng)
+  engine.version = start
   rid = iter(range(10**6))
   worker = RolloutWorker(engine, sched, make_request=lambda i: (i % 5, FakeRequest(next(rid), n)),
                          score=lambda g: SlowFuture(rng, g.n), one_off=one_off, interrupt=interrupt)
   batches, stale, max_fill = [], [], 0
-  j = 0
+  j = start
   for _ in range(100000):
     if j == steps:
       break
@@ -182,6 +183,17 @@ def test_eq3_admission_and_take_checks():
   sched.put(old(7, [3]))
   with pytest.raises(StalenessError, match="staleness 3"):
     sched.take(3)
+
+
+def test_resume_restarts_the_schedule_at_the_checkpointed_batch():
+  """Resuming from the checkpoint of step s: version s, groups s·B … admitted afresh (nothing in flight is
+  restored), each once, still within η."""
+  B, eta, start, steps = 3, 2, 4, 12
+  batches, stale, _, max_fill = simulate(eta=eta, B=B, steps=steps, start=start, seed=7)
+  assert [g.index for b in batches for g in b] == list(range(start * B, steps * B))
+  assert min(g.version for b in batches for g in b) == start
+  assert all(s.max() <= eta for s in stale) and max(s.max() for s in stale) >= 1
+  assert max_fill <= (eta + 1) * B
 
 
 class _Tok:

@@ -51,6 +51,20 @@ def test_eta0_is_the_synchronous_trainer_bit_for_bit(tmp_path):
   assert all(u["ratio_min"] < 1.0 or u["ratio_max"] > 1.0 for u in second)
   assert all(u["ratio_min"] == u["ratio_max"] == 1.0 for u in trainer.update_history[0::2])
 
+  # Resume: stopped after step 1 (its checkpoint), then resumed to step 2 gives the uninterrupted run's
+  # parameters bit for bit (η = 0 has nothing generated ahead; the prompt stream restarts at group 1·B).
+  cut = _config(tmp_path, "cut", {"max_staleness": 0}, checkpoint={"every": 1})
+  for until in (1, None):
+    part = AsyncRLTrainer(cut)
+    try:
+      out = part.run(until=until)
+    finally:
+      part.close()
+  assert out["start_step"] == 1 and len(part.history) == 1
+  assert part.history[0]["loss"] == trainer.history[1]["loss"]
+  for a, b in zip(_params(trainer), _params(part), strict=True):
+    np.testing.assert_array_equal(a, b)
+
 
 def test_off_policy_batches_are_reweighted_and_bounded(tmp_path):
   trainer = AsyncRLTrainer(_config(tmp_path, "eta1", {"max_staleness": 1}))  # test 1's programs (XLA cache)

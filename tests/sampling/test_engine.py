@@ -287,3 +287,29 @@ def test_bad_requests_raise_clear_errors(engine4):
   with pytest.raises(ValueError, match="top_logprobs"):
     engine4.submit([sampling.Request(prompt=[1, 2], top_logprobs=1)])
   assert engine4.idle
+
+
+def test_paged_sampler_generate_keeps_the_samplers_contract(qwen3, qwen3_tokenizer, qwen3_sampler, qwen3_reference):
+  """Sampler(paged=True).generate runs on an engine sized to the call: same rows, draws, padding, eos/stop
+  handling, log-probs, top-logprobs and entropy as the whole-batch path; resumable calls keep that path."""
+  paged = sampling.Sampler(qwen3, qwen3_tokenizer, max_len=64, eos_token_ids=[], paged=True)
+  out = paged.generate(qwen3_reference["prompt"], max_new_tokens=NEW, temperature=0.0)
+  np.testing.assert_array_equal(out.tokens, qwen3_reference["tokens"])
+  assert paged.compile_counts["install"] >= 1  # it ran on the engine
+  stop = int(qwen3_reference["tokens"][0, 4])
+  prompts = [[5, 9, 17], list(range(1, 12)), [40, 41]]
+  kw = dict(n=2, max_new_tokens=13, temperature=[0.0, 1.0, 0.7], top_p=0.9, seed=3, request_ids=[7, 8, 9],
+            stop_token_ids=[stop], return_top_logprobs=2, return_entropy=True)
+  got, ref = paged.generate(prompts, **kw), qwen3_sampler.generate(prompts, **kw)
+  np.testing.assert_array_equal(got.tokens, ref.tokens)
+  np.testing.assert_array_equal(got.lengths, ref.lengths)
+  assert got.finish_reason == ref.finish_reason and got.texts == ref.texts and got.state is None
+  for name in ("prompt_lengths", "prompt_index", "versions"):
+    np.testing.assert_array_equal(getattr(got, name), getattr(ref, name))
+  for a, b in ((got.logprobs, ref.logprobs), (got.sampling_logprobs, ref.sampling_logprobs), (got.entropy, ref.entropy),
+               (got.top_logprobs.logprobs, ref.top_logprobs.logprobs)):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(got.top_logprobs.ids, ref.top_logprobs.ids)
+  part = paged.generate(prompts, max_new_tokens=8, temperature=1.0, max_steps=3)  # the whole-batch path
+  assert part.state is not None and part.lengths.tolist() == [3] * 3

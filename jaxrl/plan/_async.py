@@ -1,0 +1,154 @@
+"""``jaxrl plan`` for an ``asynchronous:`` recipe: the rollout and the trainer sub-mesh, each planned
+against its own devices (docs/async.md, docs/scaling.md).
+
+The asynchronous trainer (:mod:`jaxrl.rl._async`) splits the devices: the first
+``asynchronous.rollout_devices`` (default 3/4) hold the continuous-batching engine on the
+``asynchronous.rollout_mesh``, the rest the :class:`~jaxrl.rl.RLTrainer` on ``mesh:``. So the plan
+splits the target's compile-only devices the same way (:func:`jaxrl.rl._async.split_devices`) and
+compiles
+
+* on the **rollout** sub-mesh the engine's programs (``engine``): compute-dtype weights (what
+  ``AsyncRLTrainer.rollout_model`` puts there) and the paged KV pool, nothing else (no optimizer
+  state, no KL reference: those live on the trainer devices);
+* on the **trainer** sub-mesh the update and log-prob programs (``train``, ``logprobs``): float32
+  master weights, optimizer state, the KL reference, the packed batch.
+
+Rows are named ``rollout/…`` and ``trainer/…``; each row's peak is checked against the target's memory
+per device, and its time estimate divides the FLOPs by its own sub-mesh's device count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+from jaxrl.plan._targets import GiB
+
+ROLLOUT_PROGRAMS = ("engine", "sampler")
+TRAINER_PROGRAMS = ("train", "logprobs")
+
+
+def sub_configs(cfg):
+  """``(rollout_cfg, trainer_cfg)``: the rollout side plans on ``asynchronous.rollout_mesh`` without the
+  KL reference (it stays on the trainer devices); the trainer side is the recipe as written."""
+  a = cfg.asynchronous
+  mesh = dataclasses.replace(cfg.mesh, shape=dict(a.rollout_mesh))
+  rollout = dataclasses.replace(cfg, mesh=mesh, algorithm=dataclasses.replace(cfg.algorithm, kl_coef=0.0))
+  return rollout, cfg
+
+
+def _rollout_context(ctx):
+  """The rollout side holds compute-dtype weights (cast on the trainer, ``device_put`` onto the rollout
+  shardings) and the engine's pool only: no optimizer state."""
+  from jaxrl.plan._programs import reference_params
+  return dataclasses.replace(ctx, params=reference_params(ctx), state=types.SimpleNamespace(opt_state=()))
+
+
+def plan_async(cfg, target_name: str, *, attention: str | None = None, layers: int | None = None,
+               programs: tuple[str, ...] | None = None, stages: tuple[int, ...] | None = None,
+               recipe: str = "", verbose: bool = False, compile: bool = True):
+  """:func:`jaxrl.plan.plan_recipe` for a recipe with ``asynchronous:`` (one :class:`Plan`, rows of both
+  sub-meshes)."""
+  from jaxrl.plan._engine import budgets
+  from jaxrl.plan._plan import Plan, _finish, _measure, _extrapolate, build_mesh_shape, model_config
+  from jaxrl.plan._plan import program_names
+  from jaxrl.plan._plan import platform_attention
+  from jaxrl.plan._programs import PROGRAMS, build_context, device_bytes
+  from jaxrl.plan._targets import get_target
+  from jaxrl.rl._async import split_devices
+
+  target = get_target(target_name)
+  devices = target.compile_devices()
+  attention = attention or platform_attention(target)
+  full = model_config(cfg, attention=attention, layers=None)
+  names = program_names(programs)
+  try:
+    rollout_devices, trainer_devices = split_devices(cfg, devices)
+  except ValueError as e:
+    raise ValueError(f"{target.name}: {e}") from None
+  rollout_cfg, trainer_cfg = sub_configs(cfg)
+  sides = (("rollout", rollout_cfg, rollout_devices, [n for n in names if n in ROLLOUT_PROGRAMS]),
+           ("trainer", trainer_cfg, trainer_devices, [n for n in names if n in TRAINER_PROGRAMS]))
+  other = [n for n in names if n not in ROLLOUT_PROGRAMS + TRAINER_PROGRAMS]
+  if other:  # a program group registered later: it runs where the trainer runs
+    sides[1][3].extend(other)
+
+  lines, rows, mesh, compiled = [], [], {}, (full.num_layers,)
+  for side, scfg, devs, side_names in sides:
+    try:
+      side_mesh = build_mesh_shape(scfg, devs)
+    except ValueError as e:
+      key = "asynchronous.rollout_mesh" if side == "rollout" else "mesh.shape"
+      raise ValueError(f"{key} on the {len(devs)} {side} devices of {target.name}: {e}") from None
+    mesh.update({f"{side}.{a}": s for a, s in side_mesh.items()} or {f"{side}.devices": len(devs)})
+    contexts = {}
+
+    def programs_at(n_layers, scfg=scfg, devs=devs, side=side, side_names=side_names, contexts=contexts):
+      mc = full if n_layers is None else dataclasses.replace(full, num_layers=n_layers)
+      ctx = build_context(scfg, devs, mc, full_model_cfg=full, hbm_bytes=target.hbm_bytes)
+      if side == "rollout":
+        ctx = _rollout_context(ctx)
+      contexts[n_layers] = ctx
+      out = []
+      for name in side_names:
+        for prog in PROGRAMS[name](ctx):
+          tags = prog.name[prog.name.index("[") + 1:-1].split(",") if "[" in prog.name else []
+          if stages is None or any(f"s{s}" in tags for s in stages):
+            prog.name = f"{side}/{prog.name}"
+            prog.note = _side_note(prog.note, side)
+            out.append(prog)
+      return out
+
+    side_rows, compiled = _measure_all(programs_at, full.num_layers, layers, target, verbose, _measure, _extrapolate,
+                                       compile=compile)
+    rows += [_finish(r, target, len(devs)) for r in side_rows]
+    ctx = contexts[None]
+    head = (f"asynchronous {side} sub-mesh: {len(devs)} of {len(devices)} devices, mesh {side_mesh or {}}, "
+            + ("engine programs; compute-dtype weights "
+               f"{device_bytes(ctx.params) / GiB:.2f} GiB per device + the KV pool"
+               if side == "rollout" else
+               "update and log-prob programs; float32 master weights "
+               f"{device_bytes(ctx.params) / GiB:.2f} GiB + optimizer state "
+               f"{device_bytes(ctx.state.opt_state) / GiB:.2f} GiB per device"))
+    lines.append(head)
+    if side == "rollout" and "engine" in side_names:
+      lines += [f"  {ln}" for tag, b in budgets(ctx) for ln in b.lines(f"rollout sub-mesh, stages {tag}")]
+      lines.append(f"  weight transfer trainer -> rollout per RL step: {device_bytes(ctx.params) / GiB:.2f} GiB "
+                   "arrives on each rollout device (jax.device_put of the compute-dtype copy) while the "
+                   "engine still holds the previous version until it swaps")
+  return Plan(recipe=recipe, target=target.name, mesh=mesh, attention=attention, layers=full.num_layers,
+              compiled_layers=compiled, rows=rows, platform=target.platform, engine=lines,
+              variant=dict(cfg.plan.overrides.get(target.name, {})))
+
+
+def _side_note(note: str, side: str) -> str:
+  """The engine's note names what is co-resident with it on a single mesh; on the rollout sub-mesh that is
+  nothing but its weights and pool."""
+  parts = [p for p in note.split("; ") if "co-resident" not in p]
+  if side == "rollout" and len(parts) < len(note.split("; ")):
+    parts.append("rollout sub-mesh: only the engine's compute-dtype weights and pool")
+  return "; ".join(parts)
+
+
+def _measure_all(programs_at, full_layers: int, layers: int | None, target, verbose, measure, extrapolate, *,
+                 compile: bool = True):
+  """``plan_recipe``'s measurement: every program at full depth, or at ``layers`` and ``2 * layers``
+  extrapolated (inputs that cannot fit at full depth are reported from their shapes); ``compile=False``:
+  the inputs from shapes only."""
+  full_programs = programs_at(None)
+  if not compile:
+    rows = [measure(p, target, precheck=True) for p in full_programs]
+    for r in rows:
+      r.note += "; from shapes only (not compiled: temporaries and outputs not counted, peak is a lower bound)"
+    return rows, ()
+  if layers is None or layers * 2 >= full_layers:
+    return [measure(p, target, verbose=verbose) for p in full_programs], (full_layers,)
+  pre = [measure(p, target, verbose=verbose, precheck=True) for p in full_programs]
+  note = f"; extrapolated from {layers} and {2 * layers} of {full_layers} layers"
+  measured = []
+  for k in (layers, 2 * layers):
+    measured.append([None if pre[i].status == "oom" else measure(p, target, layers_note=note, verbose=verbose)
+                     for i, p in enumerate(programs_at(k))])
+  rows = [pre[i] if pre[i].status == "oom" else extrapolate(a, b, layers, full_layers, target)
+          for i, (a, b) in enumerate(zip(*measured))]
+  return rows, (layers, 2 * layers)

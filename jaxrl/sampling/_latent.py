@@ -1,0 +1,199 @@
+"""Latent mode of the sampler: Coconut's continuous thoughts, then sampled token decoding.
+
+The latent phase, :func:`think`, is shared with :func:`jaxrl.latent.latent_generate` (the same
+prefill, thought loop and optional ``<eot>`` classifier; ``jaxrl.latent`` imports it from here, a
+layer below): prompts ending with ``<bot>`` are left-padded and prefilled into a ``KVCache``,
+``N`` continuous thoughts (each the final normed hidden state of the position before) are fed back
+as input embeddings, then ``<eot>``. Token decoding then draws with
+:func:`jaxrl.sampling.sample_logits` (per-row temperature, top-k, top-p, min-p, one PRNG key per row
+and step), returning both log-prob conventions of the sampler. At temperature 0 the tokens are the
+greedy decode of :func:`jaxrl.latent.latent_generate`.
+
+Example::
+
+    from jaxrl import latent, sampling
+    ids, _ = latent.prompt_ids(tok, "6+5+2=?", marks, markers=True, kind="latent", n_thoughts=2)
+    out = sampling.latent_sample(model, [ids], thoughts=2, eot=marks.eot, eos=marks.eos, pad=marks.pad,
+                                 max_new_tokens=16, temperature=1.0, seed=0)
+    out.tokens, out.logprobs, out.lengths, out.n_thoughts
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl import models
+from jaxrl.sampling._logits import sample_logits
+
+
+class LatentSample(NamedTuple):
+  tokens: np.ndarray  # [B, G] int32, pad after the end
+  logprobs: np.ndarray  # [B, G] float32: log_softmax(logits / T)[token] (T = 1 when greedy), 0 after the end
+  sampling_logprobs: np.ndarray  # [B, G] float32: under the truncated distribution sampled from, 0 after the end
+  lengths: np.ndarray  # [B] int32: generated language tokens, end-of-turn included
+  thoughts: np.ndarray  # [B, N, D] float32: the continuous thoughts fed back (0 after a row stopped)
+  n_thoughts: np.ndarray  # [B] int32: thoughts each row took
+
+
+def eot_logits(head, hidden: jax.Array) -> jax.Array:  # [..., D] -> [...] float32
+  """The ``<eot>`` classifier's logit ``z = h · w + b`` in float32 (``head = {"w": [D], "b": []}``,
+  :func:`jaxrl.latent.init_eot_head`); decoding stops a row's thinking when ``z > 0``."""
+  return jnp.einsum("...d,d->...", hidden.astype(jnp.float32), head["w"]) + head["b"]
+
+
+def left_pad(prompts: Sequence[np.ndarray], pad_id: int) -> dict[str, np.ndarray]:
+  """``[B, P]`` tokens/positions/segment_ids with each prompt right-aligned at column ``P - 1``."""
+  width = max(len(p) for p in prompts)
+  out = {"tokens": np.full((len(prompts), width), pad_id, np.int32),
+         "positions": np.zeros((len(prompts), width), np.int32),
+         "segment_ids": np.zeros((len(prompts), width), np.int32)}
+  for r, p in enumerate(prompts):
+    out["tokens"][r, width - len(p):] = p
+    out["positions"][r, width - len(p):] = np.arange(len(p))
+    out["segment_ids"][r, width - len(p):] = 1
+  return out
+
+
+class Thought(NamedTuple):
+  """The state after the latent phase: prompts prefilled, thoughts fed, ``<eot>`` fed (with markers)."""
+
+  cache: models.KVCache
+  first_logits: jax.Array  # [B, V] float32: logits of the first language token
+  slot: int  # cache slot of the first language token (static)
+  pos: jax.Array  # [B] int32: its position per row
+  thought_inputs: jax.Array  # [B, N, D] float32: thoughts fed back (0 after a row stopped)
+  count: jax.Array  # [B] int32: thoughts each row took
+
+
+def think(model, graphdef, state, head, tokens, positions, segment_ids, *, thoughts: int, eot: int | None,
+          extra: int) -> Thought:
+  """The latent phase of decoding (call inside ``jit``): prefill the left-padded prompts into a
+  ``KVCache`` of ``P + N + 1 + extra`` slots, feed ``N`` continuous thoughts one position at a time
+  (a row whose ``<eot>`` head fires stops: its later slots are invisible), then ``<eot>``.
+
+  Shared by :func:`latent_sample` (sampled) and :func:`jaxrl.latent.latent_generate` (greedy).
+  ``model`` is ``nnx.merge(graphdef, state)``; the weights ride in the scan carry (NNX variables
+  cannot be closed over).
+  """
+  b, p = tokens.shape
+  n = thoughts
+  cache = models.KVCache.init(model.cfg, b, p + n + 1 + extra)
+  last_pos = positions[:, -1]  # [B]
+  h, cache = model(tokens, positions=positions, segment_ids=segment_ids, cache=cache,
+                   cache_start=jnp.zeros((b,), jnp.int32), return_hidden=True)
+  prev = h[:, -1]  # [B, D]
+
+  def step(carry, j):
+    # Thought j goes to cache slot p + j. A row that has stopped (the head fired) writes an invisible
+    # slot (segment 0) instead, so rows end up with different thought counts in one fixed-shape loop.
+    cache, prev, count, thinking, state = carry
+    if head is not None:
+      thinking = thinking & ~(eot_logits(head, prev) > 0)
+    h, cache = nnx.merge(graphdef, state)(
+        jnp.zeros((b, 1), jnp.int32), positions=(last_pos + 1 + count)[:, None],
+        segment_ids=thinking.astype(jnp.int32)[:, None], cache=cache, cache_start=jnp.full((b,), p + j, jnp.int32),
+        return_hidden=True, embeds=prev[:, None], embeds_mask=jnp.ones((b, 1), bool))
+    fed = jnp.where(thinking[:, None], prev, 0)
+    prev = jnp.where(thinking[:, None], h[:, 0], prev)
+    return (cache, prev, count + thinking.astype(jnp.int32), thinking, state), fed
+
+  init = (cache, prev, jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool), state)
+  (cache, prev, count, _, _), thought_inputs = jax.lax.scan(step, init, jnp.arange(n))
+  slot, pos = p + n, last_pos + 1 + count
+  if eot is None:  # no markers: the last prompt (or thought) position predicts the first token
+    unembed = model.unembed_matrix()
+    first = jnp.einsum("bd,dv->bv", prev, unembed.astype(prev.dtype), preferred_element_type=jnp.float32)
+  else:
+    logits, cache = model(jnp.full((b, 1), eot, jnp.int32), positions=pos[:, None],
+                          segment_ids=jnp.ones((b, 1), jnp.int32), cache=cache,
+                          cache_start=jnp.full((b,), slot, jnp.int32))
+    first = logits[:, 0].astype(jnp.float32)
+    slot, pos = slot + 1, pos + 1
+  return Thought(cache=cache, first_logits=first, slot=slot, pos=pos,
+                 thought_inputs=jnp.swapaxes(thought_inputs, 0, 1).astype(jnp.float32), count=count)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "thoughts", "eot", "eos", "pad", "max_new_tokens"))
+def _sample(graphdef, state, head, tokens, positions, segment_ids, params, seed, *, thoughts: int, eot: int | None,
+            eos: int, pad: int, max_new_tokens: int):
+  model = nnx.merge(graphdef, state)
+  b = tokens.shape[0]
+  g = max_new_tokens
+  th = think(model, graphdef, state, head, tokens, positions, segment_ids, thoughts=thoughts, eot=eot, extra=g)
+  base = jax.random.key(seed)
+  row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(b))
+
+  def draw(logits, i):
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
+    return sample_logits(logits, keys, **params)
+
+  ones = jnp.ones((b, 1), jnp.int32)
+
+  def body(i, carry):
+    cache, logits, out, lp, slp, done, state = carry
+    s = draw(logits, i)
+    out = out.at[:, i].set(jnp.where(done, pad, s.tokens))
+    lp = lp.at[:, i].set(jnp.where(done, 0.0, s.logprobs))
+    slp = slp.at[:, i].set(jnp.where(done, 0.0, s.sampling_logprobs))
+    done = done | (s.tokens == eos)
+    logits, cache = nnx.merge(graphdef, state)(
+        s.tokens[:, None], positions=(th.pos + i)[:, None], segment_ids=ones, cache=cache,
+        cache_start=jnp.full((b,), th.slot + i, jnp.int32))
+    return cache, logits[:, 0].astype(jnp.float32), out, lp, slp, done, state
+
+  zeros = jnp.zeros((b, g), jnp.float32)
+  init = (th.cache, th.first_logits, jnp.full((b, g), pad, jnp.int32), zeros, zeros, jnp.zeros((b,), bool), state)
+  _, _, out, lp, slp, _, _ = jax.lax.fori_loop(0, g, body, init)
+  is_eos = out == eos
+  lengths = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, g)
+  return out, lp, slp, lengths, th.thought_inputs, th.count
+
+
+def _per_row(name: str, value, b: int, dtype) -> jnp.ndarray:
+  arr = np.asarray(value, dtype)
+  if arr.ndim == 0:
+    arr = np.full((b,), arr, dtype)
+  if arr.shape != (b,):
+    raise ValueError(f"latent_sample: {name} must be a scalar or one value per prompt ({b}), got shape {arr.shape}")
+  return jnp.asarray(arr)
+
+
+def latent_sample(model, prompts: Sequence[Sequence[int]], *, thoughts: int, eot: int | None, eos: int, pad: int,
+                  max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed: int = 0,
+                  eot_head=None) -> LatentSample:
+  """Sampled completions after continuous thoughts (Coconut decoding in the sampling package).
+
+  Args:
+    model: a :class:`jaxrl.models.Transformer` trained with continuous thoughts (``jaxrl.latent``).
+    prompts: token ids per row, ending with ``<bot>`` (:func:`jaxrl.latent.prompt_ids`).
+    thoughts: ``N`` continuous thoughts per row (0: plain decoding); with ``eot_head`` the most a row may think.
+    eot: id of ``<eot>``, fed after the thoughts; None for a model trained without markers.
+    eos: end-of-turn id (a row stops after it). pad: id written after the end.
+    max_new_tokens: language tokens to generate at most.
+    temperature, top_k, top_p, min_p: a scalar or one per prompt, as :func:`sample_logits` reads them
+      (temperature 0: greedy, the tokens of :func:`jaxrl.latent.latent_generate`).
+    seed: PRNG seed; row ``r``'s step ``i`` uses ``fold_in(fold_in(key(seed), r), i)``.
+    eot_head: the ``<eot>`` classifier (:func:`jaxrl.latent.init_eot_head`); None: exactly ``thoughts``.
+  """
+  if not prompts or any(len(p) == 0 for p in prompts):
+    raise ValueError("latent_sample: prompts must be a non-empty list of non-empty token id lists")
+  if thoughts < 0 or max_new_tokens < 1:
+    raise ValueError(f"latent_sample: thoughts >= 0 and max_new_tokens >= 1, got {thoughts}, {max_new_tokens}")
+  b = len(prompts)
+  params = {"temperature": _per_row("temperature", temperature, b, np.float32),
+            "top_k": _per_row("top_k", top_k, b, np.int32), "top_p": _per_row("top_p", top_p, b, np.float32),
+            "min_p": _per_row("min_p", min_p, b, np.float32)}
+  rows = left_pad([np.asarray(p, np.int32) for p in prompts], pad)
+  graphdef, state = nnx.split(model)
+  out, lp, slp, lengths, th, count = _sample(
+      graphdef, state, eot_head, rows["tokens"], rows["positions"], rows["segment_ids"], params,
+      jnp.asarray(seed, jnp.uint32), thoughts=thoughts, eot=eot, eos=eos, pad=pad, max_new_tokens=max_new_tokens)
+  return LatentSample(tokens=np.asarray(out), logprobs=np.asarray(lp), sampling_logprobs=np.asarray(slp),
+                      lengths=np.asarray(lengths), thoughts=np.asarray(th), n_thoughts=np.asarray(count))
