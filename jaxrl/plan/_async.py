@@ -50,10 +50,9 @@ def plan_async(cfg, target_name: str, *, attention: str | None = None, layers: i
   """:func:`jaxrl.plan.plan_recipe` for a recipe with ``asynchronous:`` (one :class:`Plan`, rows of both
   sub-meshes)."""
   from jaxrl.plan._engine import budgets
-  from jaxrl.plan._plan import Plan, _finish, _measure, _extrapolate, build_mesh_shape, model_config
-  from jaxrl.plan._plan import program_names
-  from jaxrl.plan._plan import platform_attention
-  from jaxrl.plan._programs import PROGRAMS, build_context, device_bytes
+  from jaxrl.plan._plan import Plan, _finish, build_mesh_shape, measure_programs, model_config
+  from jaxrl.plan._plan import platform_attention, program_names, stage_programs
+  from jaxrl.plan._programs import build_context, device_bytes
   from jaxrl.plan._targets import get_target
   from jaxrl.rl._async import split_devices
 
@@ -89,18 +88,14 @@ def plan_async(cfg, target_name: str, *, attention: str | None = None, layers: i
       if side == "rollout":
         ctx = _rollout_context(ctx)
       contexts[n_layers] = ctx
-      out = []
-      for name in side_names:
-        for prog in PROGRAMS[name](ctx):
-          tags = prog.name[prog.name.index("[") + 1:-1].split(",") if "[" in prog.name else []
-          if stages is None or any(f"s{s}" in tags for s in stages):
-            prog.name = f"{side}/{prog.name}"
-            prog.note = _side_note(prog.note, side)
-            out.append(prog)
+      out = stage_programs(ctx, side_names, stages)
+      for prog in out:
+        prog.name = f"{side}/{prog.name}"
+        prog.note = _side_note(prog.note, side)
       return out
 
-    side_rows, compiled = _measure_all(programs_at, full.num_layers, layers, target, verbose, _measure, _extrapolate,
-                                       compile=compile)
+    side_rows, compiled = measure_programs(programs_at(None), programs_at, full.num_layers, layers, target,
+                                           verbose=verbose, compile=compile)
     rows += [_finish(r, target, len(devs)) for r in side_rows]
     ctx = contexts[None]
     head = (f"asynchronous {side} sub-mesh: {len(devs)} of {len(devices)} devices, mesh {side_mesh or {}}, "
@@ -129,26 +124,3 @@ def _side_note(note: str, side: str) -> str:
     parts.append("rollout sub-mesh: only the engine's compute-dtype weights and pool")
   return "; ".join(parts)
 
-
-def _measure_all(programs_at, full_layers: int, layers: int | None, target, verbose, measure, extrapolate, *,
-                 compile: bool = True):
-  """``plan_recipe``'s measurement: every program at full depth, or at ``layers`` and ``2 * layers``
-  extrapolated (inputs that cannot fit at full depth are reported from their shapes); ``compile=False``:
-  the inputs from shapes only."""
-  full_programs = programs_at(None)
-  if not compile:
-    rows = [measure(p, target, precheck=True) for p in full_programs]
-    for r in rows:
-      r.note += "; from shapes only (not compiled: temporaries and outputs not counted, peak is a lower bound)"
-    return rows, ()
-  if layers is None or layers * 2 >= full_layers:
-    return [measure(p, target, verbose=verbose) for p in full_programs], (full_layers,)
-  pre = [measure(p, target, verbose=verbose, precheck=True) for p in full_programs]
-  note = f"; extrapolated from {layers} and {2 * layers} of {full_layers} layers"
-  measured = []
-  for k in (layers, 2 * layers):
-    measured.append([None if pre[i].status == "oom" else measure(p, target, layers_note=note, verbose=verbose)
-                     for i, p in enumerate(programs_at(k))])
-  rows = [pre[i] if pre[i].status == "oom" else extrapolate(a, b, layers, full_layers, target)
-          for i, (a, b) in enumerate(zip(*measured))]
-  return rows, (layers, 2 * layers)

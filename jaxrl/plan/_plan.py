@@ -270,7 +270,7 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
     from jaxrl.plan._async import plan_async
     return plan_async(cfg, target_name, attention=attention, layers=layers, programs=programs, stages=stages,
                       recipe=recipe, verbose=verbose, compile=compile)
-  from jaxrl.plan._programs import PROGRAMS, build_context
+  from jaxrl.plan._programs import build_context
   target = get_target(target_name)
   devices = target.compile_devices()
   attention = attention or platform_attention(target)
@@ -282,41 +282,53 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
   def programs_at(n_layers: int | None) -> list:
     mc = full if n_layers is None else dataclasses.replace(full, num_layers=n_layers)
     ctx = contexts[n_layers] = build_context(cfg, devices, mc, full_model_cfg=full, hbm_bytes=target.hbm_bytes)
-    out = []
-    for name in names:
-      for prog in PROGRAMS[name](ctx):
-        tags = prog.name[prog.name.index("[") + 1:-1].split(",") if "[" in prog.name else []
-        if stages is None or any(f"s{s}" in tags for s in stages):
-          out.append(prog)
-    return out
+    return stage_programs(ctx, names, stages)
 
   full_programs = programs_at(None)
   from jaxrl.plan._engine import budgets
   engine = [line for tag, b in budgets(contexts[None]) for line in b.lines(f"stages {tag}")]
-  if not compile:
-    rows = [_measure(p, target, precheck=True) for p in full_programs]
-    for r in rows:
-      r.note += "; from shapes only (not compiled: temporaries and outputs not counted, peak is a lower bound)"
-    compiled = ()
-  elif layers is None or layers * 2 >= full.num_layers:
-    rows = [_measure(p, target, verbose=verbose) for p in full_programs]
-    compiled = (full.num_layers,)
-  else:
-    # Inputs that cannot fit at full depth are reported from their shapes; the rest compile at K and 2K.
-    pre = [_measure(p, target, verbose=verbose, precheck=True) for p in full_programs]
-    note = f"; extrapolated from {layers} and {2 * layers} of {full.num_layers} layers"
-    measured = []
-    for k in (layers, 2 * layers):
-      measured.append([None if pre[i].status == "oom" else _measure(p, target, layers_note=note, verbose=verbose)
-                       for i, p in enumerate(programs_at(k))])
-    rows = [pre[i] if pre[i].status == "oom" else _extrapolate(a, b, layers, full.num_layers, target)
-            for i, (a, b) in enumerate(zip(*measured))]
-    compiled = (layers, 2 * layers)
+  rows, compiled = measure_programs(full_programs, programs_at, full.num_layers, layers, target,
+                                    verbose=verbose, compile=compile)
   mesh = dict(build_mesh_shape(cfg, devices))
   rows = [_finish(r, target, len(devices)) for r in rows]
   return Plan(recipe=recipe, target=target.name, mesh=mesh, attention=attention, layers=full.num_layers,
               compiled_layers=compiled, rows=rows, platform=target.platform, engine=engine,
               variant=dict(cfg.plan.overrides.get(target.name, {})))
+
+
+def stage_programs(ctx, names: list[str], stages) -> list:
+  """The programs of the groups ``names`` built on ``ctx``, those tagged with one of ``stages`` (all for None)."""
+  from jaxrl.plan._programs import PROGRAMS
+  out = []
+  for name in names:
+    for prog in PROGRAMS[name](ctx):
+      tags = prog.name[prog.name.index("[") + 1:-1].split(",") if "[" in prog.name else []
+      if stages is None or any(f"s{s}" in tags for s in stages):
+        out.append(prog)
+  return out
+
+
+def measure_programs(full_programs: list, programs_at, full_layers: int, layers: int | None, target, *,
+                     verbose: bool, compile: bool = True) -> tuple[list, tuple[int, ...]]:
+  """Rows for ``full_programs`` (``programs_at(None)``) and the layer counts compiled: every program at full
+  depth, or at ``layers`` and ``2 * layers`` (``programs_at(k)``) extrapolated, with inputs that cannot fit
+  at full depth reported from their shapes; ``compile=False``: the inputs from shapes only."""
+  if not compile:
+    rows = [_measure(p, target, precheck=True) for p in full_programs]
+    for r in rows:
+      r.note += "; from shapes only (not compiled: temporaries and outputs not counted, peak is a lower bound)"
+    return rows, ()
+  if layers is None or layers * 2 >= full_layers:
+    return [_measure(p, target, verbose=verbose) for p in full_programs], (full_layers,)
+  pre = [_measure(p, target, verbose=verbose, precheck=True) for p in full_programs]
+  note = f"; extrapolated from {layers} and {2 * layers} of {full_layers} layers"
+  measured = []
+  for k in (layers, 2 * layers):
+    measured.append([None if pre[i].status == "oom" else _measure(p, target, layers_note=note, verbose=verbose)
+                     for i, p in enumerate(programs_at(k))])
+  rows = [pre[i] if pre[i].status == "oom" else _extrapolate(a, b, layers, full_layers, target)
+          for i, (a, b) in enumerate(zip(*measured))]
+  return rows, (layers, 2 * layers)
 
 
 def build_mesh_shape(cfg, devices) -> dict[str, int]:
