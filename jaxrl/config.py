@@ -23,7 +23,28 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
+import re
+
 import yaml
+
+
+class _Loader(yaml.SafeLoader):
+  """PyYAML's safe loader with YAML 1.2's float rule: ``3e-3`` and ``1E5`` are floats (YAML 1.1, and so
+  PyYAML, reads a number with an exponent but no dot as a string, and ``optim.lr=3e-3`` failed)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                 |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                 |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                 |[-+]?\.(?:inf|Inf|INF)
+                 |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _load(text: str):
+  return yaml.load(text, Loader=_Loader)  # noqa: S506  (a SafeLoader subclass)
 
 T = TypeVar("T")
 
@@ -191,7 +212,7 @@ def to_dict(cfg: Any) -> Any:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
   """Applies ``a.b.c=value`` strings (value parsed as YAML) to a nested dict, returning a copy."""
-  out = yaml.safe_load(yaml.safe_dump(data)) or {}
+  out = _load(yaml.safe_dump(data)) or {}
   for item in overrides:
     if "=" not in item:
       raise ConfigError(f"override {item!r} is not of the form key.sub=value")
@@ -205,7 +226,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
       if not isinstance(child, dict):
         raise ConfigError(f"override {item!r}: {p!r} is not a mapping")
       node = child
-    node[parts[-1]] = yaml.safe_load(raw)
+    node[parts[-1]] = _load(raw)
   return out
 
 
@@ -215,7 +236,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
   if not path.is_file():
     raise ConfigError(f"config file not found: {path}")
   try:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = _load(path.read_text(encoding="utf-8"))
   except yaml.YAMLError as e:
     raise ConfigError(f"{path}: invalid YAML: {e}") from e
   if data is None:

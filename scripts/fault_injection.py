@@ -4,8 +4,9 @@ a tiny RL run, each resumed and compared exactly with an uninterrupted run.
     .venv/bin/python scripts/fault_injection.py --sft 20 --rl 10 --seed 0 --out runs/fault_injection
 
 Kill points are drawn at increasing steps (so every one is reached) with a phase each
-(tests/reliability/fault_worker.py lists them); every phase appears at least once when there are
-enough points. Prints one line per launch and a summary, and writes ``summary.json`` into ``--out``.
+(tests/reliability/fault_worker.py lists them; ``in_reward`` is RL's only); every phase appears at least
+once when there are enough points (7 for SFT, 8 for RL). Prints one line per launch and a summary, and
+writes ``summary.json`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "reliabil
 import faultlib  # noqa: E402
 
 KILL_PHASES = ("in_step", "before_save", "after_save", "in_commit", "in_manifest")
+RL_KILL_PHASES = ("in_reward",)
+"""SIGKILL phases of the RL run only (while the step's rewards are being scored)."""
 OTHER_PHASES = ("sigterm", "enospc")
 
 
@@ -30,11 +33,12 @@ LEAPS = {"after_save": 2, "in_manifest": 2, "sigterm": 2}
 may have committed), so the next fault is drawn one step further to be sure it is reached."""
 
 
-def draw_faults(n: int, rng: np.random.Generator) -> tuple[list[str], int]:
-  """``n`` faults at increasing steps from 2 and the run length; every phase once (when n allows), the
-  rest SIGKILL phases drawn at random."""
-  phases = list(KILL_PHASES + OTHER_PHASES)[:n]
-  phases += [str(p) for p in rng.choice(KILL_PHASES, size=n - len(phases))]
+def draw_faults(n: int, rng: np.random.Generator, kind: str = "sft") -> tuple[list[str], int]:
+  """``n`` faults at increasing steps from 2 and the run length; every phase of ``kind`` once (when n
+  allows), the rest SIGKILL phases drawn at random."""
+  kill = KILL_PHASES + (RL_KILL_PHASES if kind == "rl" else ())
+  phases = list(kill + OTHER_PHASES)[:n]
+  phases += [str(p) for p in rng.choice(kill, size=n - len(phases))]
   rng.shuffle(phases)
   faults, step = [], 2
   for p in phases:
@@ -44,7 +48,7 @@ def draw_faults(n: int, rng: np.random.Generator) -> tuple[list[str], int]:
 
 
 def run(kind: str, n: int, seed: int, out: Path) -> dict:
-  faults, steps = draw_faults(n, np.random.default_rng([seed, kind == "rl"]))
+  faults, steps = draw_faults(n, np.random.default_rng([seed, kind == "rl"]), kind)
   config = (faultlib.sft_config if kind == "sft" else faultlib.rl_config)(steps)
   ref = faultlib.launch(kind, config, out / f"{kind}_reference")
   assert ref.returncode == 0, ref.stderr[-3000:]

@@ -55,3 +55,12 @@ def test_file_errors_name_the_file(tmp_path):
     config_lib.load(Outer, bad)
   with pytest.raises(config_lib.ConfigError, match="key.sub=value"):
     config_lib.apply_overrides({}, ["no_equals_sign"])
+
+
+def test_exponent_without_a_dot_is_a_float_in_files_and_overrides(tmp_path):
+  """YAML 1.2's float rule: ``3e-3`` is 0.003 (PyYAML alone reads it as the string "3e-3")."""
+  path = tmp_path / "c.yaml"
+  path.write_text("name: run\ninner: {lr: 3e-3}\n")
+  cfg = config_lib.load(Outer, path, ["maybe=1E2"])
+  assert cfg.inner.lr == 0.003 and cfg.maybe == 100.0
+  assert config_lib.apply_overrides({}, ["a=1e", "b=12", "c=-2e+4"]) == {"a": "1e", "b": 12, "c": -20000.0}

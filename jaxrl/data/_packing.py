@@ -24,6 +24,8 @@ from typing import Any, Literal, NamedTuple
 import grain
 import numpy as np
 
+from jaxrl.data._skips import MAX_EXAMPLES
+
 PACKING_METHODS = ("best_fit", "first_fit_decreasing", "none")
 ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "loss_mask", "sample_ids", "turn_ids")
 """The ``[rows, seq_len]`` arrays of a packed batch (``loss_mask`` is float32, the rest int32)."""
@@ -166,6 +168,19 @@ class _Counters(NamedTuple):
   samples: int = 0
   truncated: int = 0
   dropped: int = 0
+  truncated_ids: tuple[int, ...] = ()  # source indices of the first few distinct truncated samples
+  dropped_ids: tuple[int, ...] = ()
+
+
+def _source_index(sample: dict[str, np.ndarray]) -> int | None:
+  """The record's source index (``sample_id``, from :func:`jaxrl.data.encode_record`), if the sample has one."""
+  ids = sample.get("sample_id")
+  return int(ids[0]) if ids is not None and len(ids) else None
+
+
+def _note(ids: tuple[int, ...], index: int | None) -> tuple[int, ...]:
+  """``ids`` plus ``index`` while fewer than :data:`MAX_EXAMPLES` distinct ones are kept."""
+  return ids if index is None or index in ids or len(ids) >= MAX_EXAMPLES else (*ids, index)
 
 
 class _PackedRowsIterator(grain.DatasetIterator):
@@ -188,7 +203,7 @@ class _PackedRowsIterator(grain.DatasetIterator):
     self._chunk_counters = self._counters
     self._emitted = 0
     samples = []
-    seen, truncated, dropped = self._counters
+    seen, truncated, dropped, truncated_ids, dropped_ids = self._counters
     while len(samples) < cfg.buffer_size:
       try:
         sample = next(self._parent)
@@ -196,12 +211,15 @@ class _PackedRowsIterator(grain.DatasetIterator):
         self._exhausted = True
         break
       seen += 1
+      index = _source_index(sample)
       sample, status = fit_sample(sample, cfg.seq_len, overlong=cfg.overlong)
-      truncated += status == "truncated"
-      dropped += status == "dropped"
+      if status == "truncated":
+        truncated, truncated_ids = truncated + 1, _note(truncated_ids, index)
+      elif status == "dropped":
+        dropped, dropped_ids = dropped + 1, _note(dropped_ids, index)
       if sample is not None:
         samples.append(sample)
-    self._counters = _Counters(seen, truncated, dropped)
+    self._counters = _Counters(seen, truncated, dropped, truncated_ids, dropped_ids)
     self._rows = pack_samples(samples, cfg.seq_len, method=cfg.method, pad_id=self._pad_id)
 
   def __next__(self) -> dict[str, Any]:
@@ -221,7 +239,8 @@ class _PackedRowsIterator(grain.DatasetIterator):
 
   def set_state(self, state: dict[str, Any]) -> None:
     self._parent.set_state(state["parent"])
-    self._counters = _Counters(*state["counters"])
+    counts = state["counters"]  # the id lists come back from JSON as lists (absent in older checkpoints)
+    self._counters = _Counters(*counts[:3], *(tuple(int(i) for i in ids) for ids in counts[3:]))
     self._exhausted = False
     self._rows = None
     if state["emitted"]:
@@ -236,7 +255,8 @@ class PackedRowsIterDataset(grain.IterDataset):
   """Grain dataset of packed rows: each element is a dict of [seq_len] arrays (see module doc).
 
   Elements also carry ``num_samples``/``num_turns`` (this row) and cumulative ``samples``,
-  ``truncated`` and ``dropped`` counts of the samples read so far.
+  ``truncated`` and ``dropped`` counts of the samples read so far, with ``truncated_ids`` /
+  ``dropped_ids``: the source indices (``sample_id``) of the first few distinct such samples.
   """
 
   def __init__(self, parent: grain.IterDataset, *, config: PackingConfig, pad_id: int = 0):
@@ -268,6 +288,10 @@ class PackingStats:
   "Cumulative samples truncated to ``seq_len``."
   dropped: int
   "Cumulative samples dropped (overlong under ``drop``, or nothing left to train)."
+  truncated_examples: tuple[int, ...] = ()
+  "Source indices (records' ``_index``; ``source.where(i)``: ``file:line``) of the first few truncated samples."
+  dropped_examples: tuple[int, ...] = ()
+  "The same for dropped samples."
 
 
 class PackedBatch(NamedTuple):
@@ -305,7 +329,8 @@ def stack_rows(rows: Sequence[dict[str, Any]], *, num_rows: int, seq_len: int, p
       rows=num_rows, samples=int(ns.sum()), tokens=tokens,
       loss_tokens=int(arrays["loss_mask"].sum()), efficiency=tokens / (num_rows * seq_len),
       samples_read=int(last["samples"]), truncated=int(last["truncated"]),
-      dropped=int(last["dropped"]))
+      dropped=int(last["dropped"]), truncated_examples=tuple(last.get("truncated_ids", ())),
+      dropped_examples=tuple(last.get("dropped_ids", ())))
   return PackedBatch(arrays, stats)
 
 

@@ -22,14 +22,16 @@ class SkipReport:
     self.counts: dict[str, int] = {}
     self.examples: dict[str, list[str]] = {}
 
-  def add(self, reason: str, where: str | None = None, count: int = 1) -> None:
-    """Records ``count`` skipped inputs for ``reason`` (``where``: their ``file:line``, if known)."""
+  def add(self, reason: str, where: str | None = None, count: int = 1, *, examples: Iterable[str] = ()) -> None:
+    """Records ``count`` skipped inputs for ``reason`` (``where``: their ``file:line``, if known;
+    ``examples``: more such locations, for a count of several)."""
     if count <= 0:
       return
     self.counts[reason] = self.counts.get(reason, 0) + count
     listed = self.examples.setdefault(reason, [])
-    if where is not None and len(listed) < MAX_EXAMPLES:
-      listed.append(where)
+    for w in ([] if where is None else [where]) + list(examples):
+      if len(listed) < MAX_EXAMPLES:
+        listed.append(w)
 
   def add_bad_records(self, items: Iterable[tuple[str, str, str]]) -> None:
     """Adds a source's ``bad_reasons`` (``(file:line, reason, message)`` triples)."""

@@ -23,7 +23,6 @@ from jaxrl.envs._multiturn import (
     turn_request_id,
 )
 from jaxrl.envs._tool_env import ToolEnv
-from jaxrl.envs._trainer import AgenticRLConfig, AgenticTrainer, EnvSection, agent_metrics
 from jaxrl.envs._toolcall import ParsedTurn, ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from jaxrl.envs._tools import (
     BM25,
@@ -79,3 +78,14 @@ __all__ = [
     "shared_prefix_ids",
     "turn_request_id",
 ]
+
+_TRAINER = ("AgenticRLConfig", "AgenticTrainer", "EnvSection", "agent_metrics")
+
+
+def __getattr__(name: str):
+  # The trainer pulls in jax and jaxrl.rl; imported on first use, so processes that only run tools
+  # (reward pool workers unpickling a tool call) import the light modules above.
+  if name in _TRAINER:
+    from jaxrl.envs import _trainer
+    return getattr(_trainer, name)
+  raise AttributeError(f"module 'jaxrl.envs' has no attribute {name!r}")

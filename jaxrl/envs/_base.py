@@ -80,16 +80,21 @@ def register_env(name: str):
   return deco
 
 
-def env_factory(name: str, **kwargs: Any) -> Callable[[], Env]:
+def env_factory(name: str, *, runner=None, **kwargs: Any) -> Callable[[], Env]:
   """A zero-argument constructor of fresh episodes of environment ``name`` with ``kwargs``.
 
   A class with a ``build_factory(**kwargs)`` classmethod builds its shared resources once there
   (the tool environment's thread pool and search index); otherwise ``cls(**kwargs)`` per episode.
+  ``runner`` (the trainer's :class:`jaxrl.rewards.RewardRunner`) goes to a ``build_factory`` that takes
+  a ``runner`` argument (the tool environment runs its tool calls in that pool).
   """
   if name not in ENVS:
     raise ValueError(f"env.name: unknown environment {name!r}; registered: {sorted(ENVS)}")
   cls = ENVS[name]
   if hasattr(cls, "build_factory"):
+    import inspect
+    if runner is not None and "runner" in inspect.signature(cls.build_factory).parameters:
+      kwargs = dict(kwargs, runner=runner)
     return cls.build_factory(**kwargs)
   cls(**kwargs)  # fail now, naming the bad keyword, not inside the rollout
   return lambda: cls(**kwargs)

@@ -9,7 +9,10 @@ sampler has no "append tokens" call); rows of all trajectories still running are
 On :class:`jaxrl.sampling.Engine` (continuous batching) each turn is a request submitted as soon as
 the trajectory's previous observation is ready, so trajectories advance at their own pace while
 environments step in worker threads; a row waiting for its environment holds no slot and no cache
-blocks (its context is prefilled again with the next turn). Both paths draw the same tokens.
+blocks (its context is prefilled again with the next turn). Both paths draw the same tokens. ARPO
+runs on both: on the Sampler by probing ``k`` tokens and forking the decode state, on the Engine by
+reading each turn's entropies and submitting the branches as one request (``n = Z``) whose prompt is
+the shared prefix (:meth:`MultiTurnRollout._advance_engine`).
 
 Observation tokens are the chat template's text for the new messages after an assistant turn,
 including the assistant turn's own closing text when the policy did not write it (a turn ended by a
@@ -175,9 +178,10 @@ class MultiTurnRollout:
   """Rolls out environment episodes with a :class:`jaxrl.sampling.Sampler` (module docstring).
 
   Args:
-    sampler: a :class:`jaxrl.sampling.Sampler` (turn-synchronous batches; ARPO needs it) or a
+    sampler: a :class:`jaxrl.sampling.Sampler` (turn-synchronous batches) or a
       :class:`jaxrl.sampling.Engine` (continuous batching: each trajectory's next turn is submitted
-      as soon as its observation is ready); its ``max_len`` bounds prompt + response.
+      as soon as its observation is ready; ARPO needs one built with ``entropy=True``); its
+      ``max_len`` bounds prompt + response.
     tokenizer: the policy's tokenizer (chat template).
     make_env: zero-argument constructor of fresh episodes (:func:`jaxrl.envs.env_factory`).
     max_turns: assistant turns per trajectory.
@@ -230,31 +234,34 @@ class MultiTurnRollout:
       arpo: entropy-based adaptive branching (``None``: ``n`` trajectory-level samples).
     """
     t0 = time.perf_counter()
-    if arpo is not None and self._engine:
-      raise ValueError("arpo: ARPO's entropy probe and fork need jaxrl.sampling.Sampler, not the Engine "
-                       "(rollout.engine=null with an arpo: section)")
     if arpo is not None and not 1 <= arpo.initial_samples <= n:
       raise ValueError(f"arpo.initial_samples={arpo.initial_samples} must be in [1, rollout.n={n}]")
+    if arpo is not None and self._engine and not self.sampler.entropy:
+      raise ValueError("arpo: ARPO's entropy probe on jaxrl.sampling.Engine needs an engine built with entropy=True")
     first = n if arpo is None else arpo.initial_samples
     trajs = [self._start(rec, group=g, index=j, question=int(q), max_new=max_new_tokens)
              for g, (rec, q) in enumerate(zip(records, request_ids)) for j in range(first)]
     self.stats = {"branch_events": 0.0, "branch_paths": 0.0, "probes": 0.0, "topups": 0.0, "generate_calls": 0.0}
     budget = {g: (0 if arpo is None else n - first) for g in range(len(records))}
-    if self._engine:
-      self._advance_engine(trajs, options)
+
+    def top_up(g: int) -> list[Trajectory]:
+      """Trajectory-level samples filling group ``g`` up to exactly ``M`` (its paths have all ended)."""
+      have = sum(t.group == g for t in trajs)
+      extra = [self._start(records[g], group=g, index=j, question=int(request_ids[g]), max_new=max_new_tokens)
+               for j in range(have, n)]
+      for t in extra:
+        t.topup = True
+      self.stats["topups"] += len(extra)
+      return extra
+
+    if self._engine:  # top-ups start per group, as soon as the group's last path ends
+      self._advance_engine(trajs, options, arpo, budget, top_up if arpo is not None else None)
     else:
       self._advance(trajs, options, arpo, budget)
-    if arpo is not None:  # top up every group to exactly M with trajectory-level samples
-      extra = []
-      for g, (rec, q) in enumerate(zip(records, request_ids)):
-        have = sum(t.group == g for t in trajs)
-        for j in range(have, n):
-          t = self._start(rec, group=g, index=j, question=int(q), max_new=max_new_tokens)
-          t.topup = True
-          extra.append(t)
-      self.stats["topups"] = float(len(extra))
-      self._advance(extra, options, None, budget)
-      trajs += extra
+      if arpo is not None:  # top up every group to exactly M with trajectory-level samples
+        extra = [t for g in range(len(records)) for t in top_up(g)]
+        self._advance(extra, options, None, budget)
+        trajs += extra
     trajs.sort(key=lambda t: (t.group, t.index))
     counts = np.bincount([t.group for t in trajs], minlength=len(records))
     if (counts != n).any():
@@ -379,7 +386,9 @@ class MultiTurnRollout:
   # ------------------------------------------------------------------------------------------------
   # Continuous batching on jaxrl.sampling.Engine
 
-  def _advance_engine(self, trajs: list[Trajectory], options: SamplingOptions) -> None:
+  def _advance_engine(self, trajs: list[Trajectory], options: SamplingOptions, arpo: ArpoConfig | None = None,
+                      budget: dict[int, int] | None = None,
+                      top_up: Callable[[int], list[Trajectory]] | None = None) -> None:
     """Runs every trajectory to the end on the engine, each at its own pace.
 
     Every turn is a request whose prompt is the trajectory so far. When a turn finishes, the row
@@ -388,41 +397,92 @@ class MultiTurnRollout:
     observation is appended, and its context is prefilled again (the engine keeps no cache of a
     finished request). Draws depend only on ``(seed, turn_request_id, token index)``, so the
     trajectories are those of the turn-synchronous :class:`Sampler` path.
+
+    ARPO (``arpo`` set) through the engine's public API: every turn asks for the per-token entropy.
+    The first ``k`` entropies of a trajectory's first turn are ``H_initial``; when a turn after a
+    tool observation ends with more than ``k`` tokens (the row was still running after its ``k``
+    probe tokens) and the group has branch budget left, ``P_t`` from its first ``k`` entropies
+    decides the branch. The ``Z`` branches are one request with ``n = Z`` whose prompt is the
+    trajectory so far plus those ``k`` probe tokens (the engine prefills the shared prefix once and
+    shares its blocks among the samples); each branch's turn is the probe tokens (the parent's
+    tokens and log-probs) followed by its own continuation, so the prefix is shared token for token.
+    The parent's turn is the one it would have drawn without ARPO. ``top_up(g)`` is called once
+    every path of group ``g`` has ended, and its trajectory-level samples are submitted at once.
+    Differences from the :class:`Sampler` path (which forks the decode state after the probe): the
+    branches start when the parent's turn ends rather than after its ``k`` probe tokens, and a stop
+    string spanning the probe/continuation boundary of a branch is not seen (stop tokens are).
     """
     from jaxrl.sampling import Request
     eng = self.sampler
     if not eng.idle:
       raise RuntimeError("MultiTurnRollout: the engine must be idle when a rollout starts")
     eng.set_stops((), options.stop_strings)
-    inflight: dict[int, Trajectory] = {}
+    k = 0 if arpo is None else arpo.entropy_tokens
+    inflight: dict[tuple[int, int], tuple[Trajectory, list[int], list[float]]] = {}  # (rid, sample) -> row, probe
     stepping: set[cf.Future] = set()
+    topped: set[int] = set()
 
-    def submit(rows: list[Trajectory]) -> None:
-      reqs = []
-      for t in rows:
-        room = t.budget - len(t.tokens)
-        rid = turn_request_id(t.question, t.index, t.turns)
-        if rid in inflight:
+    def turn_max(t: Trajectory) -> int:
+      room = t.budget - len(t.tokens)
+      return room if self.max_turn_tokens is None else min(room, self.max_turn_tokens)
+
+    def request(t: Trajectory, rid: int, rows: list[Trajectory], probe: list[int], probe_lp: list[float]):
+      for s, row in enumerate(rows):
+        if (rid, s) in inflight:
           raise ValueError(f"request id {rid} of two trajectories at once: request_ids must be distinct")
-        inflight[rid] = t
-        reqs.append(Request(prompt=t.context(), n=1, temperature=options.temperature, top_p=options.top_p,
-                            top_k=options.top_k, seed=options.seed, request_id=rid,
-                            max_new_tokens=room if self.max_turn_tokens is None else min(room, self.max_turn_tokens)))
+        inflight[(rid, s)] = (row, probe, probe_lp)
+      want_h = arpo is not None and not probe and not t.topup
+      return Request(prompt=t.context() + probe, n=len(rows), temperature=options.temperature,
+                     top_p=options.top_p, top_k=options.top_k, seed=options.seed, request_id=rid,
+                     max_new_tokens=turn_max(t) - len(probe), entropy=want_h)
+
+    def submit(reqs: list) -> None:
       if reqs:
         self.stats["generate_calls"] += 1
         eng.submit(reqs)
 
+    def branch(t: Trajectory, c) -> Request | None:
+      """ARPO's decision after a tool call (see above); the branches' request, or None."""
+      self.stats["probes"] += 1
+      if len(c.tokens) <= k:  # the row ended within its probe tokens: it cannot branch
+        return None
+      h = np.asarray(c.entropy[:k], np.float32)
+      p = branch_probability(entropy_delta(h, t.h_init if t.h_init is not None else h, vocab_size=eng.cfg.vocab_size,
+                                           normalize=arpo.normalize), alpha=arpo.alpha, beta=arpo.beta)
+      if not p > arpo.threshold:
+        return None
+      z = min(arpo.branches, budget[t.group])
+      budget[t.group] -= z
+      self.stats["branch_events"] += 1
+      self.stats["branch_paths"] += z
+      have = sum(x.group == t.group for x in trajs)
+      kids = [dataclasses.replace(t, index=have + j, env=t.env.fork(), tokens=list(t.tokens), logprobs=list(t.logprobs),
+                                  policy=list(t.policy), parent=t.index, branch_pos=len(t.tokens) + k, last_info={},
+                                  topup=False) for j in range(z)]
+      trajs.extend(kids)
+      return request(t, turn_request_id(t.question, kids[0].index, t.turns), kids, c.tokens[:k].tolist(),
+                     c.logprobs[:k].tolist())
+
     def step_env(t: Trajectory, toks: list[int], text: str):
       return t, toks, t.env.step(text)
 
-    submit([t for t in trajs if not t.done])
+    submit([request(t, turn_request_id(t.question, t.index, t.turns), [t], [], []) for t in trajs if not t.done])
     while inflight or stepping:
       if inflight:
         eng.step()
+      branches = []
       for c in eng.pop_finished():
-        t = inflight.pop(int(c.request_id))
-        toks, text = self._append_turn(t, c.tokens.tolist(), c.logprobs.tolist(), c.finish_reason)
+        t, probe, probe_lp = inflight.pop((int(c.request_id), int(c.sample)))
+        if arpo is not None and not probe and not t.topup:
+          if t.turns == 0:
+            t.h_init = np.asarray(c.entropy[:k], np.float32)
+          elif budget[t.group] > 0:  # a turn after a tool observation; the env forks before it steps
+            r = branch(t, c)
+            if r is not None:
+              branches.append(r)
+        toks, text = self._append_turn(t, probe + c.tokens.tolist(), probe_lp + c.logprobs.tolist(), c.finish_reason)
         stepping.add(self._pool.submit(step_env, t, toks, text))
+      submit(branches)
       if not stepping:
         continue
       if inflight and not eng.idle:
@@ -436,4 +496,10 @@ class MultiTurnRollout:
         self._observe(t, toks, result)
         if not t.done:
           cont.append(t)
-      submit(sorted(cont, key=lambda x: (x.group, x.index)))
+        elif top_up is not None and t.group not in topped and all(x.done for x in trajs if x.group == t.group):
+          topped.add(t.group)  # no live path is left to branch: fill the group up to M now
+          extra = top_up(t.group)
+          trajs.extend(extra)
+          cont += extra
+      submit([request(t, turn_request_id(t.question, t.index, t.turns), [t], [], [])
+              for t in sorted(cont, key=lambda x: (x.group, x.index))])

@@ -65,11 +65,12 @@ class ToolEnv(Env):
 
   @classmethod
   def build_factory(cls, *, tools: dict[str, dict[str, Any]] | None = None, timeout_s: float = 10.0,
-                    max_output_chars: int = 2000, workers: int = 8, **kwargs: Any):
-    """Creates the tools (``{name: options}``) and one executor; returns the episode constructor."""
+                    max_output_chars: int = 2000, workers: int = 8, runner=None, **kwargs: Any):
+    """Creates the tools (``{name: options}``) and one executor (its calls in ``runner``'s process pool
+    when given one, see :class:`ToolExecutor`); returns the episode constructor."""
     tools = {"calculator": {}} if tools is None else tools
     executor = ToolExecutor([make_tool(name, **(opts or {})) for name, opts in tools.items()], timeout_s=timeout_s,
-                            max_output_chars=max_output_chars, workers=workers)
+                            max_output_chars=max_output_chars, workers=workers, runner=runner)
     from jaxrl.rewards import load_reward
     reward = load_reward(kwargs.get("reward_fn", "jaxrl.rl:arithmetic_reward"),
                          **dict(kwargs.get("reward_kwargs") or {}))

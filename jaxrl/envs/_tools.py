@@ -283,24 +283,51 @@ class ToolResult:
     return f"ToolResult({self.name!r}, error={self.error!r}, content={self.content[:40]!r})"
 
 
+def _invoke(tool, arguments: dict[str, Any]) -> tuple[str, str | None]:
+  """One call, in the executor's pool or a reward worker process: ``(content, error kind or None)``."""
+  try:
+    check_arguments(tool, arguments)
+  except ToolArgumentError as e:
+    return f"error: {e}", "bad_arguments"
+  try:
+    out = tool(**arguments)
+  except TimeoutError as e:
+    return f"error: {e}", "timeout"
+  except Exception as e:  # noqa: BLE001  a tool failure is an observation, not a crash
+    return f"error: {type(e).__name__}: {e}", "tool_error"
+  return str(out), None
+
+
 class ToolExecutor:
-  """Runs tool calls concurrently in a thread pool with a per-call timeout.
+  """Runs tool calls concurrently with a per-call timeout, in its own threads or in the reward pool.
+
+  With ``runner`` (a :class:`jaxrl.rewards.RewardRunner`; the agentic trainer passes its own, set by
+  ``reward.runner``) every call runs in the runner's pool. With ``executor: process`` a tool that
+  crashes (``os._exit``, a segfault) takes down a worker, not the trainer: the pool is started again,
+  the calls lost with it run once more, and a call that breaks its worker twice is a ``tool_error``
+  observation. A call still running at its timeout is a ``timeout`` observation, and after the turn's
+  calls are collected the pool's workers are killed and replaced, so a hung tool holds no worker.
+  (Other calls in flight in that pool at that moment, of other trajectories, are run once more.)
+  Tools (and their arguments) must pickle for process workers. A runner with thread workers is not
+  used (a hung tool would hold one of the reward threads for good): the executor keeps its own threads.
 
   Args:
     tools: the available tools (objects with ``name``).
     timeout_s: wall seconds the executor waits for one call.
     max_output_chars: longer outputs are cut and reported as ``output_too_long``.
-    workers: pool threads (shared by every trajectory of a rollout).
+    workers: pool threads (shared by every trajectory of a rollout); unused with ``runner``.
+    runner: run the calls in this reward runner's pool instead.
   """
 
   def __init__(self, tools: Sequence[Any], *, timeout_s: float = 10.0, max_output_chars: int = 2000,
-               workers: int = 8):
+               workers: int = 8, runner=None):
     if not timeout_s > 0:
       raise ValueError(f"tool timeout_s must be > 0, got {timeout_s!r}")
     if max_output_chars < 1:
       raise ValueError(f"max_output_chars must be >= 1, got {max_output_chars!r}")
     self.tools = {t.name: t for t in tools}
     self.timeout_s, self.max_output_chars = float(timeout_s), int(max_output_chars)
+    self.runner = runner if runner is not None and runner.config.executor == "process" else None
     self._pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="jaxrl-tool")
 
   def describe(self) -> list[dict[str, Any]]:
@@ -315,19 +342,26 @@ class ToolExecutor:
                          "required": [a for a, (_, req) in t.parameters.items() if req]}}})
     return out
 
-  def _call(self, call: ToolCall) -> tuple[str, str | None]:
-    tool = self.tools[call.name]
-    try:
-      check_arguments(tool, call.arguments)
-    except ToolArgumentError as e:
-      return f"error: {e}", "bad_arguments"
-    try:
-      out = tool(**call.arguments)
-    except TimeoutError as e:
-      return f"error: {e}", "timeout"
-    except Exception as e:  # noqa: BLE001  a tool failure is an observation, not a crash
-      return f"error: {type(e).__name__}: {e}", "tool_error"
-    return str(out), None
+  def _submit(self, call: ToolCall) -> cf.Future:
+    if self.runner is None:
+      return self._pool.submit(_invoke, self.tools[call.name], call.arguments)
+    return self.runner.submit_call(_invoke, self.tools[call.name], call.arguments)
+
+  def _result(self, call: ToolCall, fut: cf.Future, deadline: float) -> tuple[str, str | None, bool]:
+    """Waits for one call until ``deadline``; a call lost with a dead worker is run once more.
+    Returns ``(content, error kind or None, still running)``."""
+    for attempt in range(2):
+      try:
+        return (*fut.result(timeout=max(0.0, deadline - time.monotonic())), False)
+      except cf.TimeoutError:
+        return f"error: tool {call.name!r} timed out after {self.timeout_s:g} s", "timeout", not fut.cancel()
+      except cf.BrokenExecutor:  # its worker process died (this call or another one in that pool)
+        if attempt == 1 or time.monotonic() >= deadline:
+          return f"error: tool {call.name!r} crashed its worker process", "tool_error", False
+        fut = self._submit(call)
+      except Exception as e:  # noqa: BLE001  e.g. a result that does not unpickle
+        return f"error: {type(e).__name__}: {e}", "tool_error", False
+    raise AssertionError("unreachable")
 
   def run(self, calls: Sequence[ToolCall | ToolCallError]) -> list[ToolResult]:
     """Results of ``calls`` in order; every failure is a result with ``error`` set."""
@@ -340,21 +374,20 @@ class ToolExecutor:
         futures.append(ToolResult(c.name, f"error: unknown tool {c.name!r}; available: {sorted(self.tools)}",
                                   "unknown_tool"))
       else:
-        futures.append(self._pool.submit(self._call, c))
-    out = []
+        futures.append(self._submit(c))
+    out, hung = [], False
     for c, f in zip(calls, futures):
       if isinstance(f, ToolResult):
         out.append(f)
         continue
-      try:
-        content, err = f.result(timeout=max(0.0, t0 + self.timeout_s - time.monotonic()))
-      except cf.TimeoutError:
-        f.cancel()
-        content, err = f"error: tool {c.name!r} timed out after {self.timeout_s:g} s", "timeout"
+      content, err, running = self._result(c, f, t0 + self.timeout_s)
+      hung = hung or running
       if len(content) > self.max_output_chars:
         content = content[:self.max_output_chars] + f"\n[output cut at {self.max_output_chars} characters]"
         err = err or "output_too_long"
       out.append(ToolResult(c.name, content, err, time.monotonic() - t0))
+    if hung and self.runner is not None:  # a hung worker would hold its process forever: kill and replace
+      self.runner.replace_pool(kill=True)
     return out
 
   def close(self) -> None:

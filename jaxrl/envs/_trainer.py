@@ -2,7 +2,8 @@
 
 :class:`AgenticTrainer` is :class:`jaxrl.rl.RLTrainer` with its rollout source replaced: each round
 of prompts becomes ``rollout.n`` multi-turn episodes (:class:`MultiTurnRollout`; with an ``arpo:``
-section, ARPO's adaptive branching; with ``rollout.engine``, continuous batching on the engine),
+section, ARPO's adaptive branching; with ``rollout.engine``, continuous batching on the engine, ARPO
+included),
 scored by the environment's rewards. The rollout carries a ``policy_mask`` (tool / environment
 tokens 0) that :func:`jaxrl.rl.loss_mask` folds into the loss mask, and ``prefix_ids`` that
 ``arpo_hard`` / ``arpo_soft`` advantages read. Everything after the rollout (advantages, packing,
@@ -77,9 +78,6 @@ class AgenticRLConfig(RLConfig):
       if self.arpo.initial_samples > min(ns):
         raise ValueError(f"arpo.initial_samples={self.arpo.initial_samples} must be <= rollout.n={min(ns)} "
                          "(the global rollout size M)")
-    if self.rollout.engine is not None and self.arpo is not None:
-      raise ValueError("rollout.engine: ARPO rollouts (arpo:) need jaxrl.sampling.Sampler (entropy probe, fork); "
-                       "set rollout.engine=null or remove the arpo: section (docs/agentic.md)")
     if getattr(self, "asynchronous", None) is not None:
       raise ValueError("asynchronous: multi-turn rollouts are synchronous so far; remove the section")
 
@@ -108,10 +106,12 @@ class AgenticTrainer(RLTrainer):
   def __init__(self, cfg: AgenticRLConfig):
     if not isinstance(cfg, AgenticRLConfig):
       raise TypeError(f"AgenticTrainer needs an AgenticRLConfig, got {type(cfg).__name__}")
+    self.engine_entropy = cfg.arpo is not None  # ARPO's entropy probe on the engine (rollout.engine)
     super().__init__(cfg)
     if self.procs > 1:
       raise ValueError("env: multi-turn rollouts run on one process so far (docs/agentic.md)")
-    self.make_env = env_factory(cfg.env.name, **cfg.env.kwargs)
+    # Tool calls run in the reward pool when it has process workers (reward.runner.executor: process).
+    self.make_env = env_factory(cfg.env.name, runner=self.rewards, **cfg.env.kwargs)
     self._drivers: dict[int, MultiTurnRollout] = {}
     self._round_metrics: list[dict[str, float]] = []
 

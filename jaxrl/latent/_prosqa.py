@@ -49,6 +49,9 @@ class ProsQAConfig:
   "Most proof steps (the curriculum's useful max_stage)."
   extra_edges: int = 4
   "Distracting edges added beyond the proof path."
+  name_length: int = 3
+  """Letters per concept name, consonant-vowel alternating (3: ``fep``). 1 makes every concept a single
+  consonant, so with a character tokenizer each option and the answer is one token."""
   seed: int = 0
 
   def __post_init__(self):
@@ -57,15 +60,23 @@ class ProsQAConfig:
     if self.concepts < self.max_hops + 3:
       raise ValueError(f"data.prosqa.concepts={self.concepts} must be at least max_hops + 3 = {self.max_hops + 3} "
                        "(the path, a dead end and the distractor)")
+    if self.name_length < 1 or self.concepts > _name_count(self.name_length):
+      raise ValueError(f"data.prosqa: name_length={self.name_length} must be >= 1 and allow {self.concepts} "
+                       f"distinct concept names (it allows {_name_count(max(self.name_length, 1))})")
     if self.n_train < 1 or self.n_heldout < 0 or self.extra_edges < 0:
       raise ValueError(f"data.prosqa: n_train >= 1, n_heldout >= 0, extra_edges >= 0; got {self.n_train}, "
                        f"{self.n_heldout}, {self.extra_edges}")
 
 
-def _names(rng: np.random.Generator, n: int) -> list[str]:
+def _name_count(length: int) -> int:
+  """Distinct consonant-vowel alternating names of ``length`` letters."""
+  return len(_CONSONANTS) ** ((length + 1) // 2) * len(_VOWELS) ** (length // 2)
+
+
+def _names(rng: np.random.Generator, n: int, length: int = 3) -> list[str]:
   names: list[str] = []
   while len(names) < n:
-    w = rng.choice(list(_CONSONANTS)) + rng.choice(list(_VOWELS)) + rng.choice(list(_CONSONANTS))
+    w = "".join(rng.choice(list(_VOWELS if i % 2 else _CONSONANTS)) for i in range(length))
     if w not in names:
       names.append(str(w))
   return names
@@ -75,7 +86,7 @@ def prosqa_chain(cfg: ProsQAConfig, index: int) -> Chain:
   """Example ``index`` of the task (deterministic in ``cfg.seed`` and ``index``)."""
   rng = np.random.default_rng([cfg.seed, index])
   hops = int(rng.integers(cfg.min_hops, cfg.max_hops + 1))
-  names = _names(rng, cfg.concepts)
+  names = _names(rng, cfg.concepts, cfg.name_length)
   order = rng.permutation(cfg.concepts)  # a random topological order: edges go from earlier to later
   rank = {int(v): i for i, v in enumerate(order)}
   # Reachable side: the path (hops + 1 concepts, in topological order) and at least one dead end.

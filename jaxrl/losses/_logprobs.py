@@ -1,9 +1,16 @@
 """Per-token log-probabilities (and entropy) without materialising ``[tokens, vocab]`` logits.
 
 ``token_logprobs`` maps over chunks of ``chunk_size`` tokens; each chunk computes its logits
-``h @ W``, the tempered log-softmax and the target's log-prob, under ``jax.checkpoint`` so that
+``h @ W``, the tempered log-sum-exp and the target's log-prob, under ``jax.checkpoint`` so that
 the backward pass recomputes a chunk's logits instead of storing them. Peak memory is then
-``chunk_size × vocab`` rather than ``tokens × vocab``, forward and backward.
+``chunk_size × vocab`` rather than ``tokens × vocab``, forward and backward. When every token fits
+in one chunk there is nothing to trade: the chunk's logits are kept for the backward pass (no
+second ``h @ W``, no loop).
+
+Only reductions over the vocabulary are taken (max, ``Σ e^z``, ``Σ e^z·z``, the target's logit by
+an iota comparison): no ``[tokens, vocab]`` log-softmax, probabilities or gather is materialised
+besides the logits themselves (issue 20: the log-softmax and its gather cost as much as the
+``h @ W`` matmul on CPU).
 """
 
 from __future__ import annotations
@@ -18,12 +25,21 @@ def _check_temperature(temperature: float) -> None:
 
 
 def _logprobs_entropy(logits, targets, temperature):
-  """log p(target) and entropy of ``softmax(logits / temperature)`` along the last axis."""
+  """log p(target) and entropy of ``softmax(logits / temperature)`` along the last axis.
+
+  With ``z = logits / T``, ``m = max z``, ``e = exp(z − m)``, ``s = Σ e``: ``lse = m + log s``,
+  ``log p(y) = z_y − lse`` and ``H = −Σ p log p = lse − Σ e·z / s``; every term is a reduction over
+  the vocabulary, fused with the elementwise work (nothing ``[..., V]`` besides ``z`` is stored).
+  """
   scaled = logits.astype(jnp.float32) / temperature  # [..., V]
-  logp = jax.nn.log_softmax(scaled, axis=-1)  # [..., V]
-  target_logp = jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-  return target_logp, entropy
+  m = jax.lax.stop_gradient(jnp.max(scaled, axis=-1, keepdims=True))  # [..., 1]; cancels exactly
+  e = jnp.exp(scaled - m)  # [..., V]
+  s = jnp.sum(e, axis=-1)  # [...]
+  lse = m[..., 0] + jnp.log(s)
+  vocab = jax.lax.broadcasted_iota(jnp.int32, scaled.shape, scaled.ndim - 1)
+  target_logit = jnp.sum(jnp.where(vocab == targets[..., None].astype(jnp.int32), scaled, 0.0), axis=-1)
+  entropy = lse - jnp.sum(e * scaled, axis=-1) / s
+  return target_logit - lse, entropy
 
 
 def logprobs_from_logits(
@@ -63,7 +79,8 @@ def token_logprobs(
   ``H[b, t] = -Σ_v p_v log p_v`` with ``p = softmax(h W / T)``, for ``h = hidden[b, t]`` and
   ``y = targets[b, t]``. Tokens are flattened, padded to a multiple of ``chunk_size`` and mapped
   over with ``lax.map``; each chunk is rematerialised in the backward pass (``jax.checkpoint``),
-  so no more than ``chunk_size × V`` logits exist at once. The matmul accumulates in float32.
+  so no more than ``chunk_size × V`` logits exist at once (a single chunk is neither looped over nor
+  rematerialised). The matmul accumulates in float32.
 
   Args:
     hidden: [B, T, D] final hidden states (after the final norm).
@@ -87,14 +104,16 @@ def token_logprobs(
   h = jnp.pad(hidden.reshape(n, d), ((0, pad), (0, 0))).reshape(num_chunks, chunk, d)  # [C, t, D]
   y = jnp.pad(targets.reshape(n), (0, pad)).reshape(num_chunks, chunk)  # [C, t]
 
-  @jax.checkpoint
   def one_chunk(args):
     hc, yc = args  # [t, D], [t]
     logits = jnp.einsum("td,dv->tv", hc, unembed, preferred_element_type=jnp.float32)  # [t, V]
     return _logprobs_entropy(logits, yc, temperature)
 
   with jax.named_scope("token_logprobs"):
-    logp, entropy = jax.lax.map(one_chunk, (h, y))  # [C, t] each
+    if num_chunks == 1:  # the chunk *is* every token: storing its logits costs no more than recomputing them
+      logp, entropy = jax.tree.map(lambda x: x[None], one_chunk((h[0], y[0])))  # [1, t] each
+    else:
+      logp, entropy = jax.lax.map(jax.checkpoint(one_chunk), (h, y))  # [C, t] each
   logp = logp.reshape(-1)[:n].reshape(b, t)
   if not return_entropy:
     return logp

@@ -46,18 +46,21 @@ def _rollout_context(ctx):
 
 def plan_async(cfg, target_name: str, *, attention: str | None = None, layers: int | None = None,
                programs: tuple[str, ...] | None = None, stages: tuple[int, ...] | None = None,
-               recipe: str = "", verbose: bool = False, compile: bool = True):
+               recipe: str = "", progress=None, compile: bool = True):
   """:func:`jaxrl.plan.plan_recipe` for a recipe with ``asynchronous:`` (one :class:`Plan`, rows of both
   sub-meshes)."""
   from jaxrl.plan._engine import budgets
-  from jaxrl.plan._plan import Plan, _finish, build_mesh_shape, measure_programs, model_config
+  from jaxrl.plan._plan import Plan, build_mesh_shape, measure_programs, model_config
   from jaxrl.plan._plan import platform_attention, program_names, stage_programs
   from jaxrl.plan._programs import build_context, device_bytes
+  from jaxrl.plan._progress import QUIET
   from jaxrl.plan._targets import get_target
   from jaxrl.rl._async import split_devices
 
+  progress = progress or QUIET
   target = get_target(target_name)
-  devices = target.compile_devices()
+  with progress.running(f"{target.name}: creating its compile-only {target.platform} devices"):
+    devices = target.compile_devices()
   attention = attention or platform_attention(target)
   full = model_config(cfg, attention=attention, layers=None)
   names = program_names(programs)
@@ -84,6 +87,8 @@ def plan_async(cfg, target_name: str, *, attention: str | None = None, layers: i
 
     def programs_at(n_layers, scfg=scfg, devs=devs, side=side, side_names=side_names, contexts=contexts):
       mc = full if n_layers is None else dataclasses.replace(full, num_layers=n_layers)
+      progress.say(f"{side} sub-mesh ({len(devs)} devices): building the abstract model and programs "
+                   f"({', '.join(side_names) or 'none'}) at {mc.num_layers} of {full.num_layers} layers")
       ctx = build_context(scfg, devs, mc, full_model_cfg=full, hbm_bytes=target.hbm_bytes)
       if side == "rollout":
         ctx = _rollout_context(ctx)
@@ -95,8 +100,8 @@ def plan_async(cfg, target_name: str, *, attention: str | None = None, layers: i
       return out
 
     side_rows, compiled = measure_programs(programs_at(None), programs_at, full.num_layers, layers, target,
-                                           verbose=verbose, compile=compile)
-    rows += [_finish(r, target, len(devs)) for r in side_rows]
+                                           devices=len(devs), progress=progress, compile=compile)
+    rows += side_rows
     ctx = contexts[None]
     head = (f"asynchronous {side} sub-mesh: {len(devs)} of {len(devices)} devices, mesh {side_mesh or {}}, "
             + ("engine programs; compute-dtype weights "

@@ -189,19 +189,23 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
                    f"({b.bytes_per_device / 2**30:.2f} GiB per device); "
                    + (f"{mc.dtype} weights read, float32 master weights, " if master else "")
                    + "optimizer state" + (" and KL reference" if cfg.algorithm.kl_coef > 0 else "") + " co-resident")
-    prompt_bucket = max(_sampler.length_bucket(cfg.data.max_prompt_tokens - 1, minimum=8), b.block_size)
-    longest = max(_sampler.length_bucket(b.max_len - 2, minimum=8), b.block_size)
+    prompt_bucket = _engine.context_bucket(cfg.data.max_prompt_tokens - 1, 8, b.block_size, max_blocks)
+    longest = _engine.context_bucket(b.max_len - 2, 8, b.block_size, max_blocks)
     for name, p in (("engine_prefill", prompt_bucket), ("engine_recompute", longest)):
       if name == "engine_recompute" and p == prompt_bucket:
         continue
       u = eng.prefill_rows
-      args = (params, pages, jax.ShapeDtypeStruct((u, p), jnp.int32, sharding=repl),
+      t = p if eng.prefill_chunk is None else min(eng.prefill_chunk, p)  # one chunk's queries over p slots
+      args = (params, pages, jax.ShapeDtypeStruct((u, t), jnp.int32, sharding=repl),
               jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),
               jax.ShapeDtypeStruct((u, p // b.block_size), jnp.int32, sharding=repl))
+      if t < p:
+        args += (jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),)  # start: the chunk's first position
       out.append(Program(
           name=f"{name}[{tag}]", fn=progs.prefill, args=args, kwargs={}, parts={**co, "batch": args[2:]},
-          flops=mc.flops_per_token(p, training=False) * u * p,
-          note=f"{u} rows x {p} tokens into the paged pool; " + budget_note))
+          flops=mc.flops_per_token(p, training=False) * u * t,
+          note=(f"{u} rows x {p} tokens" if t == p else f"{u} rows x one {t}-token chunk of {p}")
+               + " into the paged pool; " + budget_note))
     slots = jax.eval_shape(progs._empty_slots)
     slots = abstract(slots, progs.slot_sharding) if progs.slot_sharding is not None else slots
     stops = _sampler._Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from jaxrl.plan._progress import QUIET, Progress
 from jaxrl.plan._targets import GiB, TARGETS, Target, TargetUnavailable, get_target
 
 _COLLECTIVE = re.compile(r"=\s*(\(?[^=]*?\)?)\s+(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
@@ -80,9 +81,11 @@ _LINEAR = ("params", "opt_state", "kv_cache", "batch", "arguments", "outputs", "
            "model_flops")
 
 
-def _measure(prog, target: Target, *, layers_note: str = "", verbose: bool = False, precheck: bool = False) -> Row:
+def _measure(prog, target: Target, *, layers_note: str = "", progress: Progress = QUIET, label: str = "",
+             precheck: bool = False) -> Row:
   """Compiles ``prog`` and reads the compiler's numbers; ``precheck``: only the input bytes from shapes
-  (a row marked ``oom`` when they alone exceed HBM, else ``ok`` with nothing measured)."""
+  (a row marked ``oom`` when they alone exceed HBM, else ``ok`` with nothing measured). ``label`` is the
+  progress line said before the compile (what, which of how many, at how many layers)."""
   from jaxrl.plan._programs import device_bytes
   row = Row(program=prog.name, status="ok", note=prog.note + layers_note, hbm=target.hbm_bytes,
             model_flops=prog.flops)
@@ -102,37 +105,42 @@ def _measure(prog, target: Target, *, layers_note: str = "", verbose: bool = Fal
   if precheck:
     return row
   t0 = time.perf_counter()
+  lowered = None
   try:
-    compiled = prog.fn.lower(*prog.args, **prog.kwargs).compile()
+    with progress.running(label or f"compiling {prog.name}"):
+      lowered = prog.fn.lower(*prog.args, **prog.kwargs)
+      t_lower = time.perf_counter() - t0
+      compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001  (the compiler's refusal is the result)
     msg = str(e)
     row.compile_seconds = time.perf_counter() - t0
     row.status = "oom" if ("RESOURCE_EXHAUSTED" in msg or "Ran out of memory" in msg) else "error"
     row.error = f"{type(e).__name__}: {_first_lines(msg, 12)}"
     row.largest = _largest_from_error(msg)
-    if verbose:
-      print(f"  {prog.name}: {row.status} after {row.compile_seconds:.0f} s", file=sys.stderr, flush=True)
+    stage = "compile" if lowered is not None else "lowering"
+    progress.say(f"  {prog.name}: {row.status} ({stage} failed after {row.compile_seconds:.0f} s)")
     return row
   row.compile_seconds = time.perf_counter() - t0
-  if verbose:
-    print(f"  compiled {prog.name}{layers_note and ' (' + layers_note.strip('; ') + ')'} in {row.compile_seconds:.0f} s",
-          file=sys.stderr, flush=True)
-  mem = compiled.memory_analysis()
-  if mem is not None:
-    row.arguments = int(mem.argument_size_in_bytes)
-    row.outputs = int(mem.output_size_in_bytes)
-    row.aliased = int(mem.alias_size_in_bytes)
-    row.temporaries = int(mem.temp_size_in_bytes)
-    row.code = int(mem.generated_code_size_in_bytes)
-  cost = compiled.cost_analysis()
-  if isinstance(cost, list):
-    cost = cost[0] if cost else None
-  if cost and "flops" in cost:
-    row.compiler_flops = float(cost["flops"])
-  try:
-    row.collectives = collective_bytes(compiled.as_text())
-  except Exception:  # noqa: BLE001  (some plugins do not print HLO; the row stays without it)
-    row.collectives = {}
+  t1 = time.perf_counter()
+  with progress.running(f"reading {prog.name}'s memory, FLOPs and HLO collectives", announce=False):
+    mem = compiled.memory_analysis()
+    if mem is not None:
+      row.arguments = int(mem.argument_size_in_bytes)
+      row.outputs = int(mem.output_size_in_bytes)
+      row.aliased = int(mem.alias_size_in_bytes)
+      row.temporaries = int(mem.temp_size_in_bytes)
+      row.code = int(mem.generated_code_size_in_bytes)
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):
+      cost = cost[0] if cost else None
+    if cost and "flops" in cost:
+      row.compiler_flops = float(cost["flops"])
+    try:
+      row.collectives = collective_bytes(compiled.as_text())
+    except Exception:  # noqa: BLE001  (some plugins do not print HLO; the row stays without it)
+      row.collectives = {}
+  progress.say(f"  compiled {prog.name} in {row.compile_seconds:.0f} s (traced and lowered in {t_lower:.0f} s; "
+               f"memory, FLOPs and collectives read in {time.perf_counter() - t1:.0f} s)")
   return row
 
 
@@ -232,7 +240,6 @@ def load_recipe(path: str | None, overrides=(), *, target: str | None = None):
 
 def model_config(cfg, *, attention: str, layers: int | None):
   """The recipe's model shapes (its HF config.json, else ``plan.preset``) with the plan's attention."""
-  from jaxrl import models
   src = cfg.model
   if src.preset is None and cfg.plan.preset is not None:
     from pathlib import Path
@@ -260,19 +267,24 @@ def program_names(programs) -> list[str]:
 
 def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: int | None = None,
                 programs: tuple[str, ...] | None = None, stages: tuple[int, ...] | None = None,
-                recipe: str = "", verbose: bool = False, compile: bool = True) -> Plan:
+                recipe: str = "", verbose: bool = False, compile: bool = True,
+                progress: Progress | None = None) -> Plan:
   """Compiles every registered program of ``cfg`` for ``target_name`` (see module docstring).
 
   ``compile=False`` (``--shapes-only``): no compile; each row's peak is its inputs from shapes (parameters,
   optimizer state, KV cache, batch), a lower bound of the compiled peak (temporaries and outputs are 0).
+  ``verbose`` (or a ``progress``): progress lines on stderr for every phase and compile.
   """
+  progress = progress or Progress(enabled=verbose)
   if getattr(cfg, "asynchronous", None) is not None:  # two sub-meshes, each planned on its own devices
     from jaxrl.plan._async import plan_async
     return plan_async(cfg, target_name, attention=attention, layers=layers, programs=programs, stages=stages,
-                      recipe=recipe, verbose=verbose, compile=compile)
+                      recipe=recipe, progress=progress, compile=compile)
   from jaxrl.plan._programs import build_context
   target = get_target(target_name)
-  devices = target.compile_devices()
+  with progress.running(f"{target.name}: creating its compile-only {target.platform} devices"):
+    devices = target.compile_devices()
+  progress.say(f"{target.name}: {len(devices)} devices")
   attention = attention or platform_attention(target)
   full = model_config(cfg, attention=attention, layers=None)
   names = program_names(programs)
@@ -281,16 +293,18 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
 
   def programs_at(n_layers: int | None) -> list:
     mc = full if n_layers is None else dataclasses.replace(full, num_layers=n_layers)
-    ctx = contexts[n_layers] = build_context(cfg, devices, mc, full_model_cfg=full, hbm_bytes=target.hbm_bytes)
-    return stage_programs(ctx, names, stages)
+    depth = f"{mc.num_layers} of {full.num_layers} layers" if n_layers is not None else f"{full.num_layers} layers"
+    with progress.running(f"building the abstract model, train state and programs ({', '.join(names)}) at {depth}"):
+      ctx = contexts[n_layers] = build_context(cfg, devices, mc, full_model_cfg=full, hbm_bytes=target.hbm_bytes)
+      return stage_programs(ctx, names, stages)
 
   full_programs = programs_at(None)
   from jaxrl.plan._engine import budgets
   engine = [line for tag, b in budgets(contexts[None]) for line in b.lines(f"stages {tag}")]
   rows, compiled = measure_programs(full_programs, programs_at, full.num_layers, layers, target,
-                                    verbose=verbose, compile=compile)
+                                    devices=len(devices), progress=progress, compile=compile)
   mesh = dict(build_mesh_shape(cfg, devices))
-  rows = [_finish(r, target, len(devices)) for r in rows]
+  progress.say(f"plan of {len(rows)} programs done")
   return Plan(recipe=recipe, target=target.name, mesh=mesh, attention=attention, layers=full.num_layers,
               compiled_layers=compiled, rows=rows, platform=target.platform, engine=engine,
               variant=dict(cfg.plan.overrides.get(target.name, {})))
@@ -309,26 +323,54 @@ def stage_programs(ctx, names: list[str], stages) -> list:
 
 
 def measure_programs(full_programs: list, programs_at, full_layers: int, layers: int | None, target, *,
-                     verbose: bool, compile: bool = True) -> tuple[list, tuple[int, ...]]:
-  """Rows for ``full_programs`` (``programs_at(None)``) and the layer counts compiled: every program at full
-  depth, or at ``layers`` and ``2 * layers`` (``programs_at(k)``) extrapolated, with inputs that cannot fit
-  at full depth reported from their shapes; ``compile=False``: the inputs from shapes only."""
+                     devices: int, progress: Progress = QUIET,
+                     compile: bool = True) -> tuple[list, tuple[int, ...]]:
+  """Finished rows for ``full_programs`` (``programs_at(None)``, on ``devices`` devices) and the layer
+  counts compiled: every program at full depth, or at ``layers`` and ``2 * layers`` (``programs_at(k)``)
+  extrapolated, with inputs that cannot fit at full depth reported from their shapes; ``compile=False``:
+  the inputs from shapes only. Each program's two depths compile one after the other, and each row is
+  reported (``progress``) as soon as it is complete."""
+  def done(row: Row) -> Row:
+    row = _finish(row, target, devices)
+    if row.status == "error":
+      progress.say(f"row {row.program}: error")
+    else:
+      progress.say(f"row {row.program}: {row.status}, peak {_gib(row.peak)} of {_gib(row.hbm)} GiB per device "
+                   f"({100 * row.headroom:.0f}% headroom){' from shapes' if not compile else ''}")
+    return row
+
   if not compile:
     rows = [_measure(p, target, precheck=True) for p in full_programs]
     for r in rows:
       r.note += "; from shapes only (not compiled: temporaries and outputs not counted, peak is a lower bound)"
-    return rows, ()
+    return [done(r) for r in rows], ()
+  n = len(full_programs)
   if layers is None or layers * 2 >= full_layers:
-    return [_measure(p, target, verbose=verbose) for p in full_programs], (full_layers,)
-  pre = [_measure(p, target, verbose=verbose, precheck=True) for p in full_programs]
+    return [done(_measure(p, target, progress=progress,
+                          label=f"compile {i + 1}/{n}: {p.name} at all {full_layers} layers"))
+            for i, p in enumerate(full_programs)], (full_layers,)
+  pre = [_measure(p, target, precheck=True) for p in full_programs]
+  for r in pre:
+    if r.status == "oom":
+      progress.say(f"{r.program}: its inputs alone exceed HBM at {full_layers} layers ({r.largest}); not compiled")
   note = f"; extrapolated from {layers} and {2 * layers} of {full_layers} layers"
-  measured = []
-  for k in (layers, 2 * layers):
-    measured.append([None if pre[i].status == "oom" else _measure(p, target, layers_note=note, verbose=verbose)
-                     for i, p in enumerate(programs_at(k))])
-  rows = [pre[i] if pre[i].status == "oom" else _extrapolate(a, b, layers, full_layers, target)
-          for i, (a, b) in enumerate(zip(*measured))]
-  return rows, (layers, 2 * layers)
+  depths = (layers, 2 * layers)
+  at = [programs_at(k) for k in depths]
+  total = 2 * sum(r.status != "oom" for r in pre)
+  progress.say(f"--layers {layers}: {total} compiles, each program at {layers} and {2 * layers} of {full_layers} "
+               "layers, extrapolated linearly")
+  rows, count = [], 0
+  for i, r in enumerate(pre):
+    if r.status == "oom":
+      rows.append(done(r))
+      continue
+    measured = []
+    for k, progs in zip(depths, at):
+      count += 1
+      measured.append(_measure(progs[i], target, layers_note=note, progress=progress,
+                               label=f"compile {count}/{total}: {progs[i].name} at {k} of {full_layers} layers"))
+    rows.append(done(_extrapolate(*measured, layers, full_layers, target)))
+  return rows, depths
 
 
 def build_mesh_shape(cfg, devices) -> dict[str, int]:
@@ -408,6 +450,16 @@ def _cpu_backend() -> None:
     jax.config.update("jax_platforms", "cpu")
 
 
+def _no_persistent_cache() -> None:
+  """Turns JAX's persistent compilation cache off for this process (``jaxrl`` turns it on): JAX cannot load
+  a compile-only device's executable back from it (jax 0.10.2: "PjRtCompiler must be constructed with a
+  Client to call DeserializeLoadedExecutable"), so every entry written (about 10 MB per real-shape train
+  step) only fills the cache directory, and every later plan warns that it could not read it. Before the
+  first compile: JAX decides once per process whether the cache is used."""
+  import jax
+  jax.config.update("jax_enable_compilation_cache", False)
+
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="jaxrl plan", description="AOT-compile a recipe's programs for target "
                               "hardware on this machine and check per-device memory (docs/scaling.md)")
@@ -430,19 +482,22 @@ def main(argv: list[str] | None = None) -> int:
     targets = [ns.target] if ns.target else list(cfg.plan.targets)
     if not targets:
       raise ValueError(f"{ns.config}: give --target or set plan.targets in the recipe")
+    if any(get_target(t).platform != "cpu" for t in targets):
+      _no_persistent_cache()
     plans = []
+    progress = Progress()
     for t in targets:
+      progress.say(f"planning {ns.config} on {t}" + (" (shapes only)" if ns.shapes_only else ""))
       plans.append(plan_recipe(
           load_recipe(ns.config, ns.overrides, target=t), t, attention=ns.attention, layers=ns.layers,
           programs=tuple(ns.programs.split(",")) if ns.programs else None,
           stages=tuple(int(s) for s in ns.stages.split(",")) if ns.stages else None, recipe=ns.config,
-          verbose=True, compile=not ns.shapes_only))
+          progress=progress, compile=not ns.shapes_only))
+      print(format_plan(plans[-1]), flush=True)  # each target's table as soon as it is done
+      print(flush=True)
   except (ConfigError, ValueError, TargetUnavailable) as e:
     print(f"jaxrl plan: {e}", file=sys.stderr)
     return 2
-  for plan in plans:
-    print(format_plan(plan))
-    print()
   if ns.json:
     with open(ns.json, "w") as f:
       json.dump([pl.to_json() for pl in plans], f, indent=2)

@@ -217,7 +217,7 @@ def train_programs(ctx: PlanContext) -> list[Program]:
 @register_programs("logprobs")
 def logprob_programs(ctx: PlanContext) -> list[Program]:
   """π_old recompute (when the trainer recomputes it) and π_ref (when ``kl_coef > 0``) per stage."""
-  cfg, algo = ctx.cfg, ctx.cfg.algorithm
+  algo = ctx.cfg.algorithm
   recompute = algo.old_logprobs == "recompute" and (algo.mini_batches > 1 or algo.ppo_epochs > 1)
   out = []
   for st, tag in _distinct(ctx.stages, lambda s: micro_batches(ctx, s)):

@@ -230,6 +230,38 @@ class RewardRunner:
       self._pool = self._new_process_pool()
       self.restarts += 1
 
+  # -- other work in the same pool (tool calls of agentic environments) -----------------------
+
+  def submit_call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+    """Runs ``fn(*args, **kwargs)`` in the reward pool (process workers: everything must pickle).
+
+    Tool calls of :class:`jaxrl.envs.ToolExecutor` run here, so a tool that crashes kills a worker,
+    not the trainer. A broken process pool is started again; that restart is not counted against
+    ``max_worker_restarts`` (the caller turns the lost call into an error of its own).
+    """
+    pool = self._pool
+    try:
+      return pool.submit(fn, *args, **kwargs)
+    except cf.BrokenExecutor:
+      self.replace_pool(pool)
+      return self._pool.submit(fn, *args, **kwargs)
+
+  def replace_pool(self, old: cf.Executor | None = None, *, kill: bool = False) -> None:
+    """Process workers: a fresh pool instead of ``old`` (default: the current one; replaced once,
+    however many callers ask for the same ``old``). With ``kill`` the old pool's workers are killed
+    first (a hung call cannot be interrupted otherwise; calls still running there fail with
+    ``BrokenExecutor``, reward samples among them are scored again). Not counted against
+    ``max_worker_restarts``. Thread pools are left as they are."""
+    with self._pool_lock:
+      old = self._pool if old is None else old
+      if self.config.executor != "process" or self._pool is not old:
+        return
+      if kill:
+        for proc in list((getattr(old, "_processes", None) or {}).values()):  # no public handle on the workers
+          proc.kill()
+      old.shutdown(wait=False, cancel_futures=True)
+      self._pool = self._new_process_pool()
+
   # -- asynchronous feeding --------------------------------------------------------------------
 
   def submit(self, prompt: str, completion: str, *, index: int | None = None, **fields: Any) -> int:

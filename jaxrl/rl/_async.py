@@ -23,7 +23,12 @@ was generated at a version ``≥`` its group's admission version ``≥ j − η`
 more than ``η`` versions old, whatever the number of updates per step (versions count RL steps;
 π_prox is the parameters before the step, held fixed across its ``ppo_epochs × mini_batches``
 updates). ``η = 0`` is the synchronous trainer, step for step. :meth:`AsyncSchedule.take` checks the
-bound on every token and raises if it were ever broken.
+bound on every token and raises if it were ever broken. With DAPO dynamic sampling, groups come in
+rounds of ``B``; a scored round fills the open batch with its informative groups (the synchronous
+trainer's rule) and eq. 3 generalises to ``c + (r − u) ≤ i + η`` (:class:`AsyncSchedule`).
+
+LoRA. The frozen base is placed on the rollout devices once; each version transfers only the adapters
+(the trainer's optimizer holds only them), and the engine runs base + unmerged adapters.
 
 Resume. The checkpoint of step ``s`` holds the trainer's prompt stream at group ``s·B``; the groups
 admitted beyond it are not saved, and a resume re-admits them (same prompts and request ids) at version
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -47,7 +53,7 @@ from flax import nnx
 from jaxrl import losses, models, rewards, sampling, sharding, train
 from jaxrl.rl._config import RLConfig
 from jaxrl.rl._prompts import PromptStream, reward_fields
-from jaxrl.rl._rollout import Rollout
+from jaxrl.rl._rollout import Rollout, informative_groups
 from jaxrl.rl._trainer import RLTrainer
 
 
@@ -77,6 +83,18 @@ class Group:
     return np.concatenate([np.asarray(self.completions[s].versions, np.int64) for s in range(self.n)])
 
 
+@dataclasses.dataclass
+class Batch:
+  """Training batch ``index``: the groups it trains and every group drawn for it (rollout metrics)."""
+
+  index: int
+  groups: list[Group]  # trained, in admission order
+  drawn: list[Group]  # every group of its rounds, in admission order (== groups without dynamic sampling)
+  rounds: int = 1
+  filtered: int = 0  # dynamic sampling: groups whose rewards are all equal (never trained)
+  surplus: int = 0  # dynamic sampling: informative groups of its last round beyond B (dropped, as synchronously)
+
+
 class StalenessError(RuntimeError):
   """A batch would hold a token older than the staleness bound (never raised when eq. 3 holds)."""
 
@@ -84,62 +102,127 @@ class StalenessError(RuntimeError):
 class AsyncSchedule:
   """AReaL's rate limit (eq. 3), the bounded buffer of scored groups and oldest-first batches.
 
+  Groups are admitted in rounds of ``B`` (round ``r`` = groups ``rB … (r+1)B − 1``). A round is
+  *assigned* to the open batch once all its groups are scored: without dynamic sampling every round is
+  one batch; with it (DAPO) the round's groups whose rewards are all equal are filtered out, the first
+  informative ones fill the open batch up to ``B`` groups, the rest of the round is dropped (the
+  synchronous trainer's rule), and the batch closes when full or after ``max_rounds`` rounds.
+
+  Admission (eq. 3, generalised): the next group, of round ``r``, is admitted only while
+  ``c + (r − u) ≤ i + η``, with ``i`` the rollout's policy version, ``c`` the batches closed so far and
+  ``u`` the first unassigned round. Each batch takes at least one round, so round ``r`` can only land in
+  a batch ``≤ c + (r − u)``: no batch holds a token more than η versions old. Without dynamic sampling
+  ``c = u`` and this is ``⌊(N_r − 1)/B⌋ ≤ i + η``; with it, filtered rounds free admission (no
+  deadlock) and ``η = 0`` draws one round at a time, as the synchronous trainer does.
+
   Args:
     batch: ``B``, prompt groups per training batch.
     max_staleness: ``η``.
-    total_groups: groups to admit in all (``steps × B``).
+    total_batches: batches to train in all (``steps``); rounds that could only land beyond are not admitted.
     start: batches already trained (a resume from the checkpoint of step ``start``): the rollout starts at
-      version ``start`` with groups ``start·B …`` and nothing in flight.
+      version ``start`` with round ``start`` and nothing in flight.
+    informative: dynamic sampling: ``group -> bool`` (rewards not all equal); ``None``: every group is kept.
+    max_rounds: dynamic sampling: most rounds per batch (the batch may stay short, even empty).
   """
 
-  def __init__(self, batch: int, max_staleness: int, total_groups: int, *, start: int = 0):
-    self.B, self.eta, self.total = batch, max_staleness, total_groups
+  def __init__(self, batch: int, max_staleness: int, total_batches: int, *, start: int = 0,
+               informative: Callable[[Group], bool] | None = None, max_rounds: int = 1):
+    self.B, self.eta, self.total = batch, max_staleness, total_batches
+    self.informative = informative
+    self.max_rounds = max_rounds if informative is not None else 1
     self.version = start  # i: the rollout's policy version
-    self.admitted = start * batch  # N_r
+    self.admitted = start * batch  # group labels: round r holds groups rB … (r+1)B − 1
+    self.unassigned = start  # u: the first round not yet assigned to a batch
+    self.closed = start  # c: batches closed (complete or out of rounds)
     self.taken = start  # batches handed to the trainer
-    self.buffer: dict[int, Group] = {}
-    self.capacity = (max_staleness + 1) * batch
+    self.consumed = start * batch  # groups trained, filtered or dropped
+    self.pending: dict[int, Group] = {}  # scored groups of unassigned rounds
+    self.batches: dict[int, Batch] = {}  # closed batches not yet taken
+    self._open = Batch(index=start, groups=[], drawn=[], rounds=0)
+    # Unassigned rounds + closed batches not yet trained ≤ η + 1 (eq. 3); with dynamic sampling the open
+    # batch's informative groups (< B) wait besides, as the synchronous trainer's do between rounds.
+    self.capacity = (max_staleness + 1) * batch + (batch - 1 if informative is not None else 0)
     self.cond = threading.Condition()
 
+  def _lowest_batch(self, r: int) -> int:
+    """The earliest batch round ``r`` can land in (each batch takes at most ``max_rounds`` rounds)."""
+    ahead = r - self.unassigned + 1 + self._open.rounds
+    return self.closed + -(-ahead // self.max_rounds) - 1
+
   def can_admit(self) -> bool:
-    """Eq. 3 for the next group (``N_r`` would become ``admitted + 1``)."""
-    return self.admitted < self.total and self.admitted // self.B <= self.version + self.eta
+    """Eq. 3 for the next group (of round ``admitted // B``), and a batch left that could use it."""
+    with self.cond:
+      r = self.admitted // self.B
+      return (self.closed + (r - self.unassigned) <= self.version + self.eta
+              and self._lowest_batch(r) < self.total)
 
   def admit(self) -> int:
     if not self.can_admit():
       raise StalenessError(f"admission of group {self.admitted} at version {self.version} breaks eq. 3")
-    self.admitted += 1
-    return self.admitted - 1
+    with self.cond:
+      self.admitted += 1
+      return self.admitted - 1
 
   def set_version(self, version: int) -> None:
     with self.cond:
       self.version = version
 
-  def put(self, group: Group) -> None:
-    """A scored group enters the buffer (bounded: admitted but unconsumed groups ≤ (η + 1)·B)."""
+  def held(self) -> int:
+    """Admitted groups neither trained, filtered nor dropped (at most ``capacity``: ``(η + 1)·B``, plus
+    ``B − 1`` with dynamic sampling)."""
     with self.cond:
-      if not (self.taken * self.B <= group.index < self.admitted) or group.index in self.buffer:
+      return self.admitted - self.consumed
+
+  def put(self, group: Group) -> None:
+    """A scored group; completes its round (then assigned to the open batch) when it is the last one."""
+    with self.cond:
+      if not (self.unassigned * self.B <= group.index < self.admitted) or group.index in self.pending:
         raise RuntimeError(f"group {group.index}: not admitted, already consumed, or already buffered")
-      if len(self.buffer) >= self.capacity:
+      self.pending[group.index] = group
+      while all(g in self.pending for g in self._round(self.unassigned)):
+        self._assign([self.pending.pop(g) for g in self._round(self.unassigned)])
+      if self.admitted - self.consumed > self.capacity:
         raise RuntimeError(f"buffer over its capacity of {self.capacity} groups")
-      self.buffer[group.index] = group
       self.cond.notify_all()
 
-  def ready(self, j: int) -> bool:
-    return j == self.taken and all(g in self.buffer for g in range(j * self.B, (j + 1) * self.B))
+  def _round(self, r: int) -> range:
+    return range(r * self.B, (r + 1) * self.B)
 
-  def take(self, j: int) -> list[Group]:
-    """Batch ``j``: groups ``jB .. (j+1)B − 1`` in admission order, removed from the buffer; trained
-    at version ``j``, so every token version must be ``≥ j − η``."""
+  def _assign(self, groups: list[Group]) -> None:
+    b = self._open
+    self.unassigned += 1
+    b.rounds += 1
+    b.drawn += groups
+    if self.informative is None:
+      keep = groups
+    else:
+      good = [g for g in groups if self.informative(g)]
+      keep = good[:self.B - len(b.groups)]
+      b.filtered += len(groups) - len(good)
+      b.surplus += len(good) - len(keep)
+    b.groups += keep
+    self.consumed += len(groups) - len(keep)  # filtered and surplus groups are done with
+    if len(b.groups) >= self.B or b.rounds >= self.max_rounds:
+      self.batches[b.index] = b
+      self.closed += 1
+      self._open = Batch(index=b.index + 1, groups=[], drawn=[], rounds=0)
+
+  def ready(self, j: int) -> bool:
+    return j == self.taken and j in self.batches
+
+  def take(self, j: int) -> Batch:
+    """Batch ``j`` (its groups in admission order), removed from the buffer; trained at version ``j``, so
+    every token version must be ``≥ j − η``."""
     with self.cond:
       if not self.ready(j):
         raise RuntimeError(f"batch {j} is not ready (next batch {self.taken})")
-      groups = [self.buffer.pop(g) for g in range(j * self.B, (j + 1) * self.B)]
+      batch = self.batches.pop(j)
       self.taken += 1
-    oldest = min(int(g.token_versions().min(initial=j)) for g in groups)
+      self.consumed += len(batch.groups)
+    oldest = min((int(g.token_versions().min(initial=j)) for g in batch.groups), default=j)
     if j - oldest > self.eta:
       raise StalenessError(f"batch {j} holds a token of version {oldest}: staleness {j - oldest} > η={self.eta}")
-    return groups
+    return batch
 
   def wait_ready(self, j: int, stop: threading.Event, timeout: float = 0.05) -> bool:
     with self.cond:
@@ -275,17 +358,30 @@ def groups_to_rollout(groups: list[Group], prompt_ids, *, max_new: int, tokenize
     k = len(c.tokens)
     tokens[i, :k], lp[i, :k], versions[i, :k], lengths[i] = c.tokens, c.logprobs, c.versions, k
   texts = tuple(tokenizer.decode(tokens[i, :lengths[i]].tolist(), skip_special_tokens=True) for i in range(total))
-  task = np.concatenate([np.asarray(g.rewards, np.float32) for g in groups])
-  rew = task
-  if overlong_penalty is not None:
-    rew = task + np.asarray(losses.dapo_overlong_penalty(
-        lengths, max_len=overlong_penalty.max_len or max_new, cache_len=overlong_penalty.cache_len), np.float32)
+  task = np.concatenate([np.asarray(g.rewards, np.float32) for g in groups]) if groups else np.zeros(0, np.float32)
+  rew = total_rewards(task, lengths, max_new=max_new, overlong_penalty=overlong_penalty)
   rollout = Rollout(
       prompt_ids=tuple(prompt_ids[g.prompt] for _, g, _ in rows), tokens=tokens, logprobs=lp, lengths=lengths,
       truncated=np.asarray([c.finish_reason == "length" for *_, c in rows]),
       group_ids=np.asarray([gi for gi, _, _ in rows], np.int32), rewards=rew.astype(np.float32),
       task_rewards=task, texts=texts)
   return rollout, versions
+
+
+def total_rewards(task: np.ndarray, lengths: np.ndarray, *, max_new: int, overlong_penalty=None) -> np.ndarray:
+  """Task rewards plus the DAPO overlong penalty (as the synchronous trainer adds it), float32."""
+  if overlong_penalty is None:
+    return np.asarray(task, np.float32)
+  return task + np.asarray(losses.dapo_overlong_penalty(
+      lengths, max_len=overlong_penalty.max_len or max_new, cache_len=overlong_penalty.cache_len), np.float32)
+
+
+def informative(group: Group, *, max_new: int, overlong_penalty=None) -> bool:
+  """Dynamic sampling's test on one scored group: its rewards (with the overlong penalty) are not all equal."""
+  lengths = np.asarray([len(group.completions[s].tokens) for s in range(group.n)], np.int32)
+  rew = total_rewards(np.asarray(group.rewards, np.float32), lengths, max_new=max_new,
+                      overlong_penalty=overlong_penalty)
+  return bool(informative_groups(rew, np.zeros(group.n, np.int32), 1)[0])
 
 
 def staleness_metrics(versions: np.ndarray, lengths: np.ndarray, step_version: int, max_staleness: int
@@ -341,9 +437,17 @@ class AsyncRLTrainer(RLTrainer):
     self.eta = a.max_staleness
     self.rollout_mesh = sharding.MeshConfig(shape=dict(a.rollout_mesh), rules=cfg.mesh.rules).build(
         self.rollout_devices)
-    self.compute_dtype = nnx.merge(self.graphdef, self.state.params).cfg.dtype
-    self._rollout_shardings = models.state_shardings(
-        models.cast_params(self.state.params, self.compute_dtype), self.rollout_mesh, self.rules)
+    self.compute_dtype = self.current_model().cfg.dtype
+    self.lora = cfg.lora is not None
+    if self.lora:
+      # LoRA: the frozen base moves to the rollout devices once; each version moves only the adapters (the
+      # trained state), as the synchronous sampler gets them: unmerged, in their own dtype.
+      base = self.frozen[0]
+      self._rollout_base = jax.device_put(base, models.state_shardings(base, self.rollout_mesh, self.rules))
+      self._rollout_shardings = models.state_shardings(self.state.params, self.rollout_mesh, self.rules)
+    else:
+      self._rollout_shardings = models.state_shardings(
+          models.cast_params(self.state.params, self.compute_dtype), self.rollout_mesh, self.rules)
     runner = cfg.reward.runner
     # Errors are counted per training batch against reward.runner.max_errors (not per group).
     self.rollout_rewards = rewards.RewardRunner(
@@ -356,12 +460,16 @@ class AsyncRLTrainer(RLTrainer):
   # -- weights ---------------------------------------------------------------------------------
 
   def rollout_model(self):
-    """The current parameters in the compute dtype on the rollout shardings: ``(model, seconds)``."""
+    """The current parameters in the compute dtype on the rollout shardings: ``(model, seconds)``. LoRA:
+    only the adapters are transferred; the model is them over the base already on the rollout devices."""
     t0 = time.perf_counter()
-    params = jax.device_put(models.cast_params(self.state.params, self.compute_dtype), self._rollout_shardings)
+    params = self.state.params if self.lora else models.cast_params(self.state.params, self.compute_dtype)
+    params = jax.device_put(params, self._rollout_shardings)
     jax.block_until_ready(params)
     dt = time.perf_counter() - t0
-    return models.shard_model(nnx.merge(self.graphdef, params), self.rollout_mesh, self.rules), dt
+    self.transfer_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    model = nnx.merge(self.graphdef, params, self._rollout_base) if self.lora else nnx.merge(self.graphdef, params)
+    return models.shard_model(model, self.rollout_mesh, self.rules), dt
 
   def _build_engine(self, version: int) -> sampling.Engine:
     cfg, eng = self.cfg, self.cfg.rollout.engine
@@ -425,7 +533,11 @@ class AsyncRLTrainer(RLTrainer):
     # The rollout thread admits from its own copy of the stream; self.stream (checkpointed) follows the batches.
     self.admit_stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
     self.admit_stream.set_state(self.stream.get_state())
-    self.staleness = AsyncSchedule(B, self.eta, max(last, start_step) * B, start=start_step)
+    r = cfg.rollout
+    keep = (functools.partial(informative, max_new=r.max_new_tokens, overlong_penalty=r.overlong_penalty)
+            if r.dynamic_sampling else None)
+    self.staleness = AsyncSchedule(B, self.eta, max(last, start_step), start=start_step, informative=keep,
+                                   max_rounds=r.max_rounds)
     self.engine = self._build_engine(version=start_step)
     self.worker = RolloutWorker(self.engine, self.staleness, make_request=self._make_request, score=self._score_group,
                                 on_row=self._on_row, one_off=cfg.asynchronous.mode == "one_off",
@@ -467,8 +579,13 @@ class AsyncRLTrainer(RLTrainer):
     results.update(steps=last, plot=str(plot) if plot else None, skipped=int(self.state.skipped),
                    rewards=[h["reward/mean"] for h in self.history], accuracy=[h["accuracy"] for h in self.history])
     if last == cfg.steps and cfg.export_hf:
-      models.save_pretrained(self.current_model(), self.out_dir / "hf", tokenizer=self.tokenizer)
+      model = self.current_model()
+      models.save_pretrained(models.merged_base(model) if self.lora else model, self.out_dir / "hf",
+                             tokenizer=self.tokenizer)
       results["hf_dir"] = str(self.out_dir / "hf")
+      if self.lora:
+        models.save_peft(model, self.out_dir / "adapter")
+        results["adapter_dir"] = str(self.out_dir / "adapter")
     (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 
@@ -481,22 +598,35 @@ class AsyncRLTrainer(RLTrainer):
       if not self.staleness.wait_ready(j, stop):
         return
       t0 = time.perf_counter()
-      groups = self.staleness.take(j)
-      prompts, ids = self.stream.take(len(groups))  # the checkpointed stream: at group (j + 1)·B after this
-      if prompts != [g.prompt for g in groups] or ids != [g.request_id for g in groups]:
-        raise RuntimeError(f"batch {j}: its groups are not the prompt stream's next {len(groups)} prompts")
+      batch = self.staleness.take(j)
+      groups = batch.groups
+      # The checkpointed stream advances by every group drawn for the batch (filtered and dropped ones too,
+      # as the synchronous trainer's rounds do): at the batch's last round's end after this.
+      prompts, ids = self.stream.take(len(batch.drawn))
+      if prompts != [g.prompt for g in batch.drawn] or ids != [g.request_id for g in batch.drawn]:
+        raise RuntimeError(f"batch {j}: its groups are not the prompt stream's next {len(batch.drawn)} prompts")
+      drawn, _ = groups_to_rollout(batch.drawn, self.train_prompts.ids, max_new=r.max_new_tokens,
+                                   tokenizer=self.tokenizer, overlong_penalty=r.overlong_penalty)
       rollout, versions = groups_to_rollout(groups, self.train_prompts.ids, max_new=r.max_new_tokens,
                                             tokenizer=self.tokenizer, overlong_penalty=r.overlong_penalty)
-      errors = sum(g.errors for g in groups)
-      if errors > cfg.reward.runner.allowed_errors(rollout.num_samples):
-        raise rewards.RewardBudgetExceeded(self.rollout_rewards.name, [], rollout.num_samples,
+      errors = sum(g.errors for g in batch.drawn)
+      if errors > cfg.reward.runner.allowed_errors(drawn.num_samples):
+        raise rewards.RewardBudgetExceeded(self.rollout_rewards.name, [], drawn.num_samples,
                                            cfg.reward.runner.max_errors)
-      self.last_rollout = rollout
-      metrics = self._rollout_metrics(rollout)
+      self.last_rollout = rollout if groups else None
+      metrics = self._rollout_metrics(drawn)  # over every sample drawn, as the synchronous trainer's
       metrics["reward_errors"] = float(errors)
-      metrics.update(staleness_metrics(versions, rollout.lengths, j, self.eta))
-      metrics["async/ahead_groups"] = float(self.staleness.admitted - (j + 1) * len(groups))
-      metrics.update(self.update(rollout, step))
+      if r.dynamic_sampling:
+        metrics.update({"dynamic/groups_kept": float(len(groups)), "dynamic/rounds": float(batch.rounds),
+                        "dynamic/groups_generated": float(len(batch.drawn)),
+                        "dynamic/groups_filtered": float(batch.filtered),
+                        "dynamic/groups_surplus": float(batch.surplus)})
+      metrics["async/ahead_groups"] = float(self.staleness.held())
+      if groups:
+        metrics.update(staleness_metrics(versions, rollout.lengths, j, self.eta))
+        metrics.update(self.update(rollout, step))
+      else:
+        logger.note(f"step {step}: no informative group after {batch.rounds} rounds; no update")
       t1 = time.perf_counter()
       metrics["time_train"] = t1 - t0
       model, dt = self.rollout_model()
@@ -509,8 +639,10 @@ class AsyncRLTrainer(RLTrainer):
           "async/time_weight_transfer": dt, "async/time_weight_apply": counters["apply_s"],
           "async/time_wait_batch": t0 - t_wait, "async/trainer_busy": (t2 - t0) / wall,
           "async/rollout_busy": min(counters["busy_s"] / wall, 1.0),
-          "async/tok_s_effective": float(rollout.lengths.sum()) / wall,
-          "tok_s/train": metrics["train/tokens"] / max(metrics["time_train"], 1e-9), "time_step": wall})
+          "async/weight_transfer_bytes": float(self.transfer_bytes),
+          "async/tok_s_effective": float(rollout.lengths.sum()) / wall, "time_step": wall})
+      if groups:
+        metrics["tok_s/train"] = metrics["train/tokens"] / max(metrics["time_train"], 1e-9)
       t_prev = t2
       if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
         ev = self.evaluate(step)

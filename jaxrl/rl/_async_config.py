@@ -19,6 +19,10 @@ class AsyncConfig:
   weights, tokens kept). ``mode: one_off`` (DeepCoder one-off pipelining): generation runs exactly
   one step ahead; the weights change only between batches, so every trajectory has one version and a
   staleness of at most 1 (``max_staleness`` must stay 1).
+
+  Works with ``lora:`` (only the adapters move to the rollout devices at each version) and with
+  ``rollout.dynamic_sampling`` (rounds of ``B`` groups, filtered as synchronously, under the same
+  bound); needs ``rollout.engine``; one process (docs/async.md).
   """
 
   mode: Literal["areal", "one_off"] = "areal"
@@ -58,11 +62,7 @@ class AsyncConfig:
     r = cfg.rollout
     if r.engine is None:
       raise ValueError("asynchronous: needs rollout.engine (the continuous-batching engine streams rows)")
-    if r.dynamic_sampling:
-      raise ValueError("asynchronous: rollout.dynamic_sampling is not supported (every sample is used exactly once)")
     if r.context_schedule:
       raise ValueError("asynchronous: rollout.context_schedule is not supported")
     if r.reward_overlap_chunks != 1:
       raise ValueError("asynchronous: rollout.reward_overlap_chunks must be 1 (rows are scored as each finishes)")
-    if cfg.lora is not None:
-      raise ValueError("asynchronous: lora is not supported yet")

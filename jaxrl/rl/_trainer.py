@@ -187,13 +187,16 @@ class RLTrainer:
             model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len, num_slots=eng.num_slots,
             kv_cache_bytes=eng.kv_cache_bytes, kv_cache_fraction=eng.kv_cache_fraction, block_size=eng.block_size,
             steps_per_call=eng.steps_per_call, prefill_rows=eng.prefill_rows, prefill_chunk=eng.prefill_chunk,
-            version=version)
+            version=version, entropy=self.engine_entropy)
       else:
         self.sampler = sampling.Sampler(model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len,
                                         decode_impl=self.cfg.rollout.decode_impl, version=version)
     else:
       self.sampler.set_weights(model, version=version)
     return self.sampler
+
+  engine_entropy = False
+  """Build the rollout engine with per-token entropies (``sampling.Engine(entropy=True)``; ARPO's probe)."""
 
   reward_prefetch = None
   """None, or ``fn(texts, fields)`` called with each generated chunk's completions and their reward fields

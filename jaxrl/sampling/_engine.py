@@ -807,7 +807,7 @@ class Engine:
     for job in jobs:
       n = len(job.seq)
       if job.done < n:
-        p = max(_s.length_bucket(n, minimum=self.min_bucket), self.block_size)  # context of the row
+        p = context_bucket(n, self.min_bucket, self.block_size, self.max_blocks)  # context of the row
         t = p - job.done if self.prefill_chunk is None else min(self.prefill_chunk, p - job.done)
         by_shape[(p, t)].append(job)
     m = self.metrics
@@ -1239,6 +1239,13 @@ class _Programs:
 
 
 @functools.lru_cache(maxsize=64)
+def context_bucket(n: int, min_bucket: int, block_size: int, max_blocks: int) -> int:
+  """The attention context (cache slots) a prefill of ``n`` tokens runs over: the power-of-two bucket, at
+  least one block, and never more than the row's ``max_blocks`` blocks -- a 34,814-token recompute at
+  ``max_len`` 34,816 runs over 34,816 slots, not 65,536 (half the prefill's activations)."""
+  return min(max(_s.length_bucket(n, minimum=min_bucket), block_size), max_blocks * block_size)
+
+
 def _programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
               block_size, row_tile, top_logprobs: int = 0, entropy: bool = False) -> _Programs:
   return _Programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,

@@ -72,15 +72,53 @@ class Thought(NamedTuple):
   count: jax.Array  # [B] int32: thoughts each row took
 
 
+def feed_thoughts(graphdef, state, head, cache: models.KVCache, prev: jax.Array, *, slot: jax.Array,
+                  pos: jax.Array, thoughts: int, limit: jax.Array | None = None):
+  """The thought loop (call inside ``jit``): ``thoughts`` continuous thoughts fed one position at a time
+  into ``cache``, each the final normed hidden state of the position before (``prev [B, D]`` first).
+
+  Thought ``j`` of row ``b`` goes to cache slot ``slot[b] + j`` at position ``pos[b] + count[b]``
+  (``count``: thoughts the row took so far). A row stops thinking when the ``<eot>`` head fires on its
+  last hidden state or, with ``limit [B]``, after ``limit[b]`` thoughts; a stopped row writes an
+  invisible slot (segment 0) instead, so rows take different counts in one fixed-shape loop.
+  ``model = nnx.merge(graphdef, state)``; the weights ride in the scan carry (NNX variables cannot be
+  closed over). Shared by :func:`think` and the latent mode of :class:`jaxrl.sampling.Sampler`.
+
+  Returns:
+    ``(cache, prev [B, D], count [B] int32, thought_inputs [N, B, D])``: the cache with the thoughts,
+    each row's last hidden state (its last thought's output), the thoughts each row took, and the
+    thoughts fed back (0 after a row stopped).
+  """
+  b = prev.shape[0]
+
+  def step(carry, j):
+    cache, prev, count, thinking, state = carry
+    if head is not None:
+      thinking = thinking & ~(eot_logits(head, prev) > 0)
+    if limit is not None:
+      thinking = thinking & (j < limit)
+    h, cache = nnx.merge(graphdef, state)(
+        jnp.zeros((b, 1), jnp.int32), positions=(pos + count)[:, None],
+        segment_ids=thinking.astype(jnp.int32)[:, None], cache=cache, cache_start=slot + j,
+        return_hidden=True, embeds=prev[:, None], embeds_mask=jnp.ones((b, 1), bool))
+    fed = jnp.where(thinking[:, None], prev, 0)
+    prev = jnp.where(thinking[:, None], h[:, 0], prev)
+    return (cache, prev, count + thinking.astype(jnp.int32), thinking, state), fed
+
+  init = (cache, prev, jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool), state)
+  (cache, prev, count, _, _), thought_inputs = jax.lax.scan(step, init, jnp.arange(thoughts))
+  return cache, prev, count, thought_inputs
+
+
 def think(model, graphdef, state, head, tokens, positions, segment_ids, *, thoughts: int, eot: int | None,
           extra: int) -> Thought:
   """The latent phase of decoding (call inside ``jit``): prefill the left-padded prompts into a
   ``KVCache`` of ``P + N + 1 + extra`` slots, feed ``N`` continuous thoughts one position at a time
-  (a row whose ``<eot>`` head fires stops: its later slots are invisible), then ``<eot>``.
+  (:func:`feed_thoughts`: a row whose ``<eot>`` head fires stops, its later slots are invisible), then
+  ``<eot>``.
 
   Shared by :func:`latent_sample` (sampled) and :func:`jaxrl.latent.latent_generate` (greedy).
-  ``model`` is ``nnx.merge(graphdef, state)``; the weights ride in the scan carry (NNX variables
-  cannot be closed over).
+  ``model`` is ``nnx.merge(graphdef, state)``.
   """
   b, p = tokens.shape
   n = thoughts
@@ -88,24 +126,9 @@ def think(model, graphdef, state, head, tokens, positions, segment_ids, *, thoug
   last_pos = positions[:, -1]  # [B]
   h, cache = model(tokens, positions=positions, segment_ids=segment_ids, cache=cache,
                    cache_start=jnp.zeros((b,), jnp.int32), return_hidden=True)
-  prev = h[:, -1]  # [B, D]
-
-  def step(carry, j):
-    # Thought j goes to cache slot p + j. A row that has stopped (the head fired) writes an invisible
-    # slot (segment 0) instead, so rows end up with different thought counts in one fixed-shape loop.
-    cache, prev, count, thinking, state = carry
-    if head is not None:
-      thinking = thinking & ~(eot_logits(head, prev) > 0)
-    h, cache = nnx.merge(graphdef, state)(
-        jnp.zeros((b, 1), jnp.int32), positions=(last_pos + 1 + count)[:, None],
-        segment_ids=thinking.astype(jnp.int32)[:, None], cache=cache, cache_start=jnp.full((b,), p + j, jnp.int32),
-        return_hidden=True, embeds=prev[:, None], embeds_mask=jnp.ones((b, 1), bool))
-    fed = jnp.where(thinking[:, None], prev, 0)
-    prev = jnp.where(thinking[:, None], h[:, 0], prev)
-    return (cache, prev, count + thinking.astype(jnp.int32), thinking, state), fed
-
-  init = (cache, prev, jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool), state)
-  (cache, prev, count, _, _), thought_inputs = jax.lax.scan(step, init, jnp.arange(n))
+  cache, prev, count, thought_inputs = feed_thoughts(graphdef, state, head, cache, h[:, -1],
+                                                     slot=jnp.full((b,), p, jnp.int32), pos=last_pos + 1,
+                                                     thoughts=n)
   slot, pos = p + n, last_pos + 1 + count
   if eot is None:  # no markers: the last prompt (or thought) position predicts the first token
     unembed = model.unembed_matrix()

@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import models
-from jaxrl.sampling import _decode, _layers
+from jaxrl.sampling import _decode, _latent, _layers
 from jaxrl.sampling._logits import entropy as _entropy
 from jaxrl.sampling._logits import sample_logits
 from jaxrl.sampling._logits import top_logprobs as _top_logprobs
@@ -147,6 +147,7 @@ class SamplerState:
   prompt_index: np.ndarray  # [N]
   stop_strings: tuple[str, ...]
   consumed: bool = False
+  latent: bool = False  # generated in latent mode: the cache holds continuous thoughts
 
   @property
   def finished(self) -> np.ndarray:  # [N] bool
@@ -297,6 +298,8 @@ class Sampler:
       return_entropy: bool = False,
       max_steps: int | None = None,
       return_state: bool = False,
+      thoughts=0,
+      eot: int | str | None = None,
   ) -> SampleOutput:
     """Samples ``n`` completions per prompt: one jitted prefill, then one jitted decode loop.
 
@@ -324,6 +327,18 @@ class Sampler:
       return_entropy: also return the per-token entropy of ``softmax(logits / T)``.
       max_steps: stop after this many tokens per row and return a resumable ``state``.
       return_state: return the state even when every row finished.
+      thoughts: latent mode (Coconut, :mod:`jaxrl.latent`): continuous thoughts each prompt takes
+        before its tokens, a scalar or one per prompt (``c·k`` at stage ``k``). Prompts end with
+        ``<bot>`` (:func:`jaxrl.latent.prompt_ids`); the last hidden state is fed back as the next
+        input embedding ``thoughts`` times, then ``eot`` is fed and tokens are sampled. At
+        temperature 0 the tokens are :func:`jaxrl.sampling.latent_sample`'s. A row's cache then holds
+        prompt, thoughts, ``<eot>``, completion, and ``prompt_lengths`` counts the thoughts and
+        ``<eot>``. Needs ``eot``; a fixed count only (the ``<eot>`` classifier head and models
+        trained without markers: :func:`jaxrl.sampling.latent_sample`). Runs on the whole-batch path
+        (also with ``paged``); :meth:`resume` with new weights is refused (it would need the thoughts
+        recomputed), :meth:`fork` and :meth:`resume` without new weights work.
+      eot: the ``<eot>`` id (or token string) fed after the thoughts; given, latent mode is on (also
+        with 0 thoughts: ``<bot><eot>``).
 
     Returns:
       A :class:`SampleOutput`.
@@ -351,19 +366,34 @@ class Sampler:
         or (request_ids < 0).any() or (request_ids >= 2**31).any()):
       raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
     stops, stop_strings = self._stops(stop_token_ids, stop_strings)
-    if self.paged and max_steps is None and not return_state and self.decode_impl == "kernel":
+    n_thoughts = _per_prompt("thoughts", thoughts, count, np.int32, lambda x: x >= 0 and x == int(x))
+    latent = eot is not None
+    if n_thoughts.any() and not latent:
+      raise ValueError("thoughts: latent mode needs the <eot> id (eot=...); for a model trained without "
+                       "markers use jaxrl.sampling.latent_sample")
+    if latent:  # prompt tokens (ending with <bot>), a placeholder slot per thought, then <eot> (left pending)
+      eot = self._check_token(eot, "eot")
+      ids = [x + [self.pad_token_id] * int(k) + [eot] for x, k in zip(ids, n_thoughts)]
+      for i, x in enumerate(ids):
+        if len(x) >= self.max_len:
+          raise ValueError(f"prompts[{i}] with {n_thoughts[i]} thoughts and <eot> takes {len(x)} slots, but "
+                           f"max_len={self.max_len} leaves no room for a completion; raise max_len")
+    if self.paged and not latent and max_steps is None and not return_state and self.decode_impl == "kernel":
       return self._generate_paged(ids, procs=procs, n=n, max_new_tokens=max_new_tokens, temperature=temp, top_p=tp,
                                   top_k=tk, min_p=mp, seed=seed, request_ids=request_ids,
                                   stop_token_ids=stop_token_ids, stop_strings=stop_strings,
                                   return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
     local_count = count
     if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
-      ids, (temp, tp, tk, mp, request_ids) = _gather_prompts(ids, (temp, tp, tk, mp, request_ids))
+      ids, (temp, tp, tk, mp, request_ids, n_thoughts) = _gather_prompts(
+          ids, (temp, tp, tk, mp, request_ids, n_thoughts))
       count = len(ids)
 
     lens = np.array([len(x) for x in ids], np.int32)
     row_max_new = np.minimum(max_new_tokens, self.max_len - lens)  # [count] completions cut at max_len
-    p_bucket = length_bucket(int(lens.max()), minimum=self.min_bucket)
+    # Latent mode: a row with fewer thoughts than the longest still runs the whole thought loop, writing
+    # invisible slots up to (its tokens) + max thoughts; without thoughts this is lens.max().
+    p_bucket = length_bucket(int((lens - n_thoughts).max() + n_thoughts.max()), minimum=self.min_bucket)
     g_bucket = length_bucket(int(row_max_new.max()), minimum=self.min_bucket)
     u_rows = self._row_bucket(count)
     r_rows = self._row_bucket(count * n)
@@ -387,11 +417,17 @@ class Sampler:
         max_new=max_new)
     args = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jnp.asarray(v) for k, v in args.items()}
     budget = jnp.int32(g_bucket if max_steps is None else max_steps)
+    latent_kw = {}
+    if latent:
+      n_arr = np.zeros((u_rows,), np.int32)
+      n_arr[:count] = n_thoughts
+      latent_kw = dict(n_thoughts=jnp.asarray(n_arr), max_thoughts=int(n_thoughts.max()))
     rows_out = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **args, gen_len=g_bucket,
-                                      k_top=return_top_logprobs, want_entropy=return_entropy)
+                                      k_top=return_top_logprobs, want_entropy=return_entropy, **latent_kw)
     rows_out = self._programs.decode(self.params, rows_out, stops, budget, jnp.int32(self.version))
     state = SamplerState(rows=rows_out, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
-                         prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings)
+                         prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings,
+                         latent=latent)
     out = self._finish(state, return_state=return_state)
     if procs > 1:
       out = _process_rows(out, jax.process_index() * local_count, local_count, n)
@@ -445,6 +481,9 @@ class Sampler:
     self._check_state(state)
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps <= 0):
       raise ValueError(f"max_steps: must be a positive int or None, got {max_steps!r}")
+    if new_model is not None and state.latent:
+      raise ValueError("resume: a latent-mode state cannot take new weights (its continuous thoughts would "
+                       "need recomputing with them); resume without new_model, or generate again")
     if new_model is not None:
       self.set_weights(new_model, version=version)
     elif version is not None:
@@ -494,7 +533,7 @@ class Sampler:
     new_rows = self._programs.fork(state.rows, self._put_rows(src), self._put_rows(child), self._put_rows(real))
     return SamplerState(rows=new_rows, stops=state.stops, num_rows=count, max_new_tokens=state.max_new_tokens,
                         prompt_index=state.prompt_index[np.asarray(rows)].repeat(k),
-                        stop_strings=state.stop_strings)
+                        stop_strings=state.stop_strings, latent=state.latent)
 
   # ------------------------------------------------------------------------------------------------
   # Input handling
@@ -702,7 +741,8 @@ class _Programs:
     self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
     self.cache_dtype, self.decode_impl = cache_dtype, decode_impl
     self.counts: collections.Counter[str] = collections.Counter()
-    self.prefill = jax.jit(self._prefill_program, static_argnames=("gen_len", "k_top", "want_entropy"))
+    self.prefill = jax.jit(self._prefill_program,
+                           static_argnames=("gen_len", "k_top", "want_entropy", "max_thoughts"))
     self.decode = jax.jit(self._decode_program, donate_argnames=("rows",))
     self.recompute = jax.jit(self._recompute_program, donate_argnames=("rows",))
     self.fork = jax.jit(self._fork_program)
@@ -726,11 +766,17 @@ class _Programs:
     return rows._replace(cache=cache, **rest)
 
   def _prefill_program(self, params, seed, *, prompt, prompt_len, src, active, request, sample, temperature,
-                       top_k, top_p, min_p, max_new, gen_len, k_top, want_entropy):
+                       top_k, top_p, min_p, max_new, gen_len, k_top, want_entropy, n_thoughts=None,
+                       max_thoughts=0):
     """Prefills every prompt's first ``p - 1`` tokens once and copies the cache to its sample rows.
 
     The last prompt token is left pending (``n_gen = 0``): the first decode step feeds it and samples
     token 0, so sampling is compiled once, inside the loop.
+
+    Latent mode (``n_thoughts [U]``, at most the static ``max_thoughts``): prompt ``u`` is its tokens
+    (ending with ``<bot>``), ``n_thoughts[u]`` placeholder slots, then ``<eot>``. Its tokens are
+    prefilled, the continuous thoughts are fed into the placeholder slots
+    (:func:`jaxrl.sampling._latent.feed_thoughts`), and ``<eot>`` is left pending.
     """
     self.counts["prefill"] += 1
     model = nnx.merge(self.graphdef, params)
@@ -738,12 +784,18 @@ class _Programs:
     u, p = prompt.shape
     r = src.shape[0]
     s = p + gen_len
+    filled = prompt_len - 1 if n_thoughts is None else prompt_len - 1 - n_thoughts  # [U] tokens to prefill
     with jax.named_scope("prefill"):
-      seg = (jnp.arange(p)[None, :] < prompt_len[:, None] - 1).astype(jnp.int32)  # [U, P]
+      seg = (jnp.arange(p)[None, :] < filled[:, None]).astype(jnp.int32)  # [U, P]
       pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (u, p))
       cache = models.KVCache.init(cfg, u, p, self.cache_dtype)
-      _, cache = model(prompt, positions=pos, segment_ids=seg, cache=cache,
+      h, cache = model(prompt, positions=pos, segment_ids=seg, cache=cache,
                        cache_start=jnp.zeros((u,), jnp.int32), return_hidden=True)
+    if max_thoughts:
+      with jax.named_scope("thoughts"):  # thought j at slot = position filled + j: the row stays a contiguous prefix
+        last = h[jnp.arange(u), filled - 1]  # [U, D]: hidden state of each prompt's <bot>
+        cache, _, _, _ = _latent.feed_thoughts(self.graphdef, params, None, cache, last, slot=filled, pos=filled,
+                                               thoughts=max_thoughts, limit=n_thoughts)
 
     def grow(x, axis):  # pad the slot axis to S, then copy prompt rows to sample rows
       widths = [(0, 0)] * x.ndim

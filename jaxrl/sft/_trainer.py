@@ -354,10 +354,11 @@ def sft_skip_report(source, stats, packing: data_lib.PackingConfig) -> data_lib.
   report = data_lib.SkipReport()
   report.add_bad_records(source.bad_reasons)
   if stats is not None:
-    report.add(f"over-long sample truncated to packing.seq_len={packing.seq_len}", count=stats.truncated)
+    report.add(f"over-long sample truncated to packing.seq_len={packing.seq_len}", count=stats.truncated,
+               examples=map(source.where, stats.truncated_examples))
     report.add("over-long sample dropped (packing.overlong=drop) or no trained token left"
                if packing.overlong == "drop" else "sample with no trained token left after truncation",
-               count=stats.dropped)
+               count=stats.dropped, examples=map(source.where, stats.dropped_examples))
   return report
 
 

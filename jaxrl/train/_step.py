@@ -158,14 +158,17 @@ def make_train_step(
         batch_axes=batch_axes, rules=rules, report_nonfinite=True)
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+    def apply(params, opt_state, grads):
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+
+    # A skipped update returns the old parameters and optimizer state. A `lax.cond`, not a select of
+    # new vs old: selecting made XLA copy every donated Adam moment first (2 × parameter-size temporaries,
+    # issue 20); the cond updates the donated buffers in place.
+    params, opt_state = jax.lax.cond(ok, apply, lambda p, o, g: (p, o), state.params, state.opt_state, grads)
     new_state = TrainState(
-        step=state.step + ok.astype(jnp.int32),
-        params=keep(params, state.params),
-        opt_state=keep(opt_state, state.opt_state),
+        step=state.step + ok.astype(jnp.int32), params=params, opt_state=opt_state,
         skipped=state.skipped + (~ok).astype(jnp.int32))
     out = dict(metrics, loss=loss, grad_norm=grad_norm, skipped=(~ok).astype(jnp.int32))
     if schedule is not None:

@@ -22,3 +22,10 @@ def tiny_model():
 def tiny_sampler(tiny_model, tiny_tokenizer):
   # One prompt / completion bucket (64) for every context length below 128: few compilations.
   return sampling.Sampler(tiny_model, tiny_tokenizer, max_len=128, min_bucket=64)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model, tiny_tokenizer):
+  # With entropies (ARPO's probe); 4 slots so continuous batching interleaves trajectories.
+  return sampling.Engine(tiny_model, tiny_tokenizer, max_len=128, num_slots=4, num_blocks=40, block_size=16,
+                         min_bucket=64, entropy=True)

@@ -39,13 +39,16 @@ def _driver(sampler, tok, observations):
 RECORDS = [{"prompt": "12+34"}, {"prompt": "5*6"}]
 
 
-@pytest.fixture(scope="module")
-def branched(tiny_sampler, tiny_tokenizer):
+@pytest.fixture(scope="module", params=["sampler", "engine"])
+def branched(request, tiny_tokenizer):
+  """One ARPO rollout on the Sampler (probe, fork) and one on the Engine (public API: entropies,
+  branches submitted as requests with the shared prefix)."""
   arpo = envs.ArpoConfig(initial_samples=2, entropy_tokens=K, alpha=1.0, beta=0.0, threshold=0.5, branches=2)
-  d = _driver(tiny_sampler, tiny_tokenizer, observations=2)
-  batch = d.run(RECORDS, n=5, max_new_tokens=80, request_ids=[7, 8], arpo=arpo)
-  d.close()
-  return batch
+  d = _driver(request.getfixturevalue(f"tiny_{request.param}"), tiny_tokenizer, observations=2)
+  try:
+    return d.run(RECORDS, n=5, max_new_tokens=80, request_ids=[7, 8], arpo=arpo)
+  finally:
+    d.close()
 
 
 def test_arpo_samples_exactly_m_per_question_and_branches_only_after_tool_calls(branched):
@@ -58,6 +61,7 @@ def test_arpo_samples_exactly_m_per_question_and_branches_only_after_tool_calls(
     p = next(t for t in ts if t.group == c.group and t.index == c.parent)
     b = c.branch_pos
     assert c.tokens[:b] == p.tokens[:b] and c.policy[:b] == p.policy[:b]  # the shared prefix
+    assert c.logprobs[:b] == p.logprobs[:b]
     assert c.policy[b - K:b] == [1.0] * K  # the k probe tokens the entropy was measured on ...
     assert c.policy[b - K - 1] == 0.0  # ... directly after a tool observation
 
@@ -71,8 +75,9 @@ def test_no_tool_call_means_no_branch_and_top_ups_fill_the_group(tiny_sampler, t
   assert all(t.parent is None for t in batch.trajectories)
 
 
-def test_alpha_beta_zero_is_trajectory_level_grpo(tiny_sampler, tiny_tokenizer):
-  d = _driver(tiny_sampler, tiny_tokenizer, observations=1)
+@pytest.mark.parametrize("backend", ["sampler", "engine"])
+def test_alpha_beta_zero_is_trajectory_level_grpo(backend, request, tiny_tokenizer):
+  d = _driver(request.getfixturevalue(f"tiny_{backend}"), tiny_tokenizer, observations=1)
   plain = d.run(RECORDS, n=4, max_new_tokens=80, request_ids=[7, 8])
   arpo = d.run(RECORDS, n=4, max_new_tokens=80, request_ids=[7, 8],
                arpo=envs.ArpoConfig(initial_samples=2, entropy_tokens=K, alpha=0.0, beta=0.0, threshold=0.5))
@@ -118,3 +123,32 @@ def test_arpo_advantages_see_the_branch_tree(branched):
   assert hm["advantage/shared_token_fraction"] == pytest.approx(shared / ro.lengths.sum())
   assert sm["advantage/shared_token_fraction"] == pytest.approx(shared / ro.lengths.sum())
   assert not math.isclose(float(np.abs(hard - grpo).sum()), 0.0)
+
+
+def test_branched_rollouts_keep_the_log_prob_contract(branched, tiny_model, tiny_tokenizer):
+  """The trainer's recomputed log-probs of every policy token of the branched rollout (shared
+  prefixes, probe tokens, continuations) equal the rollout's own within 1e-5 (float32)."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from jaxrl.rl import loss_mask, pack_sequences, policy_logprobs, sequence_fields
+  ro = branched.to_rollout(tiny_tokenizer)
+  adv, _ = compute_advantages(ro, name="arpo_hard", options={})
+  seqs = sequence_fields(ro, adv, loss_mask(ro, overlong_filter=False))
+  pb = pack_sequences(seqs, row_len=128, rows=len(seqs), bucket="exact")
+  assert pb.shape[0] == 1
+  mb = {k: jnp.asarray(v) for k, v in pb.micro_batch(0).items()}
+  graphdef, params = nnx.split(tiny_model)
+  lp = np.asarray(policy_logprobs(graphdef, params, mb, temperature=1.0, chunk_size=1024))
+  mask = np.asarray(mb["loss_mask"]) > 0
+  assert mask.sum() == ro.policy_mask.sum()
+  np.testing.assert_allclose(lp[mask], np.asarray(mb["sampler_logprobs"])[mask], atol=1e-5, rtol=0)
+
+
+def test_engine_arpo_needs_entropies(tiny_model, tiny_tokenizer):
+  from jaxrl import sampling
+  engine = sampling.Engine(tiny_model, tiny_tokenizer, max_len=128, num_slots=4, num_blocks=40, block_size=16)
+  d = _driver(engine, tiny_tokenizer, observations=1)
+  with pytest.raises(ValueError, match="entropy=True"):
+    d.run(RECORDS[:1], n=2, max_new_tokens=8, request_ids=[0], arpo=envs.ArpoConfig(initial_samples=1))
+  d.close()

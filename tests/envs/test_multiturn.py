@@ -10,6 +10,8 @@ from jaxrl import envs, losses
 from jaxrl.rl import AlgorithmConfig, compute_advantages, loss_mask, make_loss_fn, make_prepare, pack_sequences
 from jaxrl.rl import policy_logprobs, sequence_fields
 
+import envs_testlib
+
 ROW_LEN = 128
 
 
@@ -63,15 +65,7 @@ def test_tool_tokens_contribute_nothing_to_gradient_or_counts(agent_batch, tiny_
   graphdef, params = nnx.split(tiny_model)
   old = policy_logprobs(graphdef, params, mb, temperature=1.0, chunk_size=1024)
   mb = dict(mb, old_logprobs=old - 0.05 * mb["loss_mask"], mb_index=mb["mb_index"])
-  # Tool-output positions: inside a sequence, not trained. Their per-token training signals are
-  # perturbed (targets as targets only, advantages, sampler and old log-probs); their values as
-  # context for later policy tokens are the trajectory itself and stay.
-  tool = (np.asarray(mb["segment_ids"]) > 0) & (np.asarray(mb["loss_mask"]) == 0)
-  rng = np.random.default_rng(0)
-  noise = lambda: jnp.asarray(np.where(tool, rng.normal(size=tool.shape) * 10, 0), jnp.float32)
-  bad = dict(mb, targets=jnp.where(tool, (mb["targets"] + 7) % 100, mb["targets"]),
-             advantages=mb["advantages"] + noise(), sampler_logprobs=mb["sampler_logprobs"] + noise(),
-             old_logprobs=mb["old_logprobs"] + noise())
+  tool, bad = envs_testlib.perturb_tool_tokens(mb)  # tool-output positions, their training signals perturbed
   algo = AlgorithmConfig(aggregation=aggregation, kl_coef=0.0, entropy_coef=0.01)
   prepare = make_prepare(algo, num_groups=2, max_len=80)
   loss_fn = make_loss_fn(graphdef, algo, temperature=1.0, num_micro=1)
@@ -97,19 +91,14 @@ def test_tool_tokens_contribute_nothing_to_gradient_or_counts(agent_batch, tiny_
   assert not np.array_equal(np.asarray(w0), np.asarray(wrong))
 
 
-def test_engine_multi_turn_equals_the_sampler_path(agent_batch, tiny_model, tiny_tokenizer):
+def test_engine_multi_turn_equals_the_sampler_path(agent_batch, tiny_engine, tiny_model, tiny_tokenizer):
   """Continuous batching on the Engine: every turn a request of its own, submitted when its
   observation is ready; the trajectories are the Sampler path's, token for token."""
-  from jaxrl import sampling
-  engine = sampling.Engine(tiny_model, tiny_tokenizer, max_len=128, num_slots=4, num_blocks=40, block_size=16,
-                           min_bucket=64)
-  driver = envs.MultiTurnRollout(engine, tiny_tokenizer, envs.env_factory("scripted_tools", observations=2),
+  driver = envs.MultiTurnRollout(tiny_engine, tiny_tokenizer, envs.env_factory("scripted_tools", observations=2),
                                  max_turns=6, max_turn_tokens=10, max_prompt_tokens=32)
   try:
     batch = driver.run([{"prompt": "12+34"}, {"prompt": "5*6"}], n=2, max_new_tokens=80, request_ids=[3, 4],
                        options=envs.SamplingOptions(temperature=1.0, seed=0))
-    with pytest.raises(ValueError, match="arpo"):
-      driver.run([{"prompt": "1+1"}], n=2, max_new_tokens=8, request_ids=[0], arpo=envs.ArpoConfig(initial_samples=1))
   finally:
     driver.close()
   assert batch.stats["generate_calls"] > 3  # turns were submitted as observations became ready

@@ -152,3 +152,44 @@ def test_hierarchical_reward_and_multi_tool_bonus():
     envs.env_factory("nope")
   with pytest.raises(ValueError, match="unknown tool"):
     envs.env_factory("tools", tools={"abacus": {}})
+
+
+def test_hanging_and_crashing_tools_in_the_reward_process_pool(tmp_path):
+  """Tool calls in the reward runner's process pool: a hung call is a timeout observation and its
+  worker is killed (the pool replaced); a call that kills its worker is a tool_error observation;
+  neither uses up the reward runner's restart budget, and the pool serves the next calls."""
+  import envs_testlib
+  from jaxrl.rewards import RewardRunner, RewardRunnerConfig
+  runner = RewardRunner("jaxrl.rl:arithmetic_reward",
+                        config=RewardRunnerConfig(executor="process", workers=1, max_worker_restarts=0))
+  tools = [envs.Calculator(), envs_testlib.Hang(), envs_testlib.Crash()]
+  patient = envs.ToolExecutor(tools, timeout_s=300.0, runner=runner)  # worker start-up under load
+  quick = envs.ToolExecutor(tools, timeout_s=2.0, runner=runner)
+  call = lambda name, args: envs.parse_tool_calls(envs.format_tool_call(name, args)).calls[0]
+  try:
+    assert [r.content for r in patient.run([call("calculator", {"expression": "2*3"})])] == ["6"]
+    first = runner._pool
+    workers = list(first._processes.values())
+    env = envs.ToolEnv(executor=quick, max_turns=10, max_tool_calls=10, system_prompt="")
+    env.reset({"prompt": "q", "answer": "6"})
+    pid_file = tmp_path / "pid"
+    _, _, done, info = env.step(envs.format_tool_call("hang", {"pid_file": str(pid_file)}))
+    assert [r.error for r in info["tool_results"]] == ["timeout"] and not done
+    assert runner._pool is not first  # the hung worker's pool was replaced ...
+    for proc in workers:
+      proc.join(60)
+    assert [p.pid for p in workers] == [int(pid_file.read_text())]
+    assert workers[0].exitcode == -9  # ... and the hung worker killed
+    env.executor = patient
+    _, _, _, info = env.step(envs.format_tool_call("crash", {}))
+    assert [(r.error, "crashed" in r.content) for r in info["tool_results"]] == [("tool_error", True)]
+    assert [r.content for r in patient.run([call("calculator", {"expression": "7*6"})])] == ["42"]
+    m = env.metrics()
+    assert (m["tool_errors/timeout"], m["tool_errors/tool_error"], m["tool_errors"]) == (1.0, 1.0, 2.0)
+    assert runner.restarts == 0
+  finally:
+    for proc in workers if "workers" in locals() else []:  # never leave a hung worker behind a failure
+      proc.kill()
+    runner.close(wait=False)
+    patient.close()
+    quick.close()

@@ -4,6 +4,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxrl import data, latent, models
@@ -47,3 +48,25 @@ def nll(model, hidden, rows):
   tok = jnp.take_along_axis(logp, jnp.asarray(rows["targets"])[..., None], axis=-1)[..., 0]
   mask = jnp.asarray(rows["loss_mask"])
   return -jnp.sum(mask * tok) / jnp.sum(mask)
+
+
+def teacher_forced_logprobs(model, prompts, tokens, lengths, ids, n_thoughts, *, greedy=False):
+  """Log-probs of generated tokens under the training forward (``latent_hidden``): row ``r`` is prompt
+  ``r`` (ending with ``<bot>``), ``n_thoughts[r]`` continuous thoughts, ``<eot>``, ``tokens[r, :lengths[r]]``.
+  With ``greedy``, each row's ``(log-probs, argmax tokens)`` at the same positions."""
+  examples = []
+  for p, gen, length, n in zip(prompts, tokens, lengths, n_thoughts):
+    suffix = np.concatenate([[ids.eot], gen[:length]]).astype(np.int32)
+    examples.append(latent.StageExample(prompt=np.asarray(p, np.int32), n_thoughts=int(n), kind="latent",
+                                        suffix=suffix, suffix_loss=np.ones(len(suffix), bool), answer=""))
+  layout = latent.Layout.fit(examples)
+  rows = latent.make_rows(examples, layout, ids)
+  h = latent.latent_hidden(model, *(jnp.asarray(rows[k]) for k in ("tokens", "positions", "segment_ids",
+                                                                      "thought_mask")),
+                           prefix=layout.prefix, thoughts=layout.thoughts)
+  logp = np.asarray(jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h, model.unembed_matrix()), axis=-1))
+  first = layout.prefix + layout.thoughts  # every row's <eot> column predicts its first language token
+  if greedy:
+    return [(logp[r, first + np.arange(n), gen[:n]], logp[r, first + np.arange(n)].argmax(-1))
+            for r, (gen, n) in enumerate(zip(tokens, lengths))]
+  return [logp[r, first + np.arange(n), gen[:n]] for r, (gen, n) in enumerate(zip(tokens, lengths))]

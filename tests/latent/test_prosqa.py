@@ -39,6 +39,15 @@ def test_prosqa_splits_are_disjoint_and_stable():
     latent.ProsQAConfig(concepts=4)
 
 
+def test_prosqa_single_letter_names():
+  cfg = latent.ProsQAConfig(concepts=6, min_hops=1, max_hops=2, name_length=1, n_train=20)
+  for chain in latent.prosqa_chains(cfg):
+    names = set(re.findall(r"Every (\w+) is a (\w+)\.", chain.question)[0]) | {chain.answer}
+    assert all(len(x) == 1 for x in names) and chain.answer in latent.reachable(chain.question)
+  with pytest.raises(ValueError, match="name_length=1 must be >= 1 and allow 15 distinct"):
+    latent.ProsQAConfig(concepts=15, name_length=1)
+
+
 def test_word_answers_match():
   assert latent.answer_match("Tom is a dar. Answer: lom<|im_end|>", "lom")
   assert not latent.answer_match("Answer: lomx", "lom")

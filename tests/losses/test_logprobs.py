@@ -35,8 +35,9 @@ def test_chunked_values_match_naive(chunk_size, temperature):
   np.testing.assert_allclose(ent, ref_ent, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk_size", [4, 64])  # several chunks (rematerialised) / one chunk (stored logits)
 @pytest.mark.parametrize("temperature", [1.0, 1.3])
-def test_chunked_gradients_match_naive(temperature):
+def test_chunked_gradients_match_naive(temperature, chunk_size):
   hidden, unembed, targets = _inputs(seed=1)
   coef = np.random.default_rng(2).normal(size=(2, 2, 13)).astype(np.float32)
 
@@ -47,7 +48,7 @@ def test_chunked_gradients_match_naive(temperature):
     return jax.jit(jax.grad(f, argnums=(0, 1)))
 
   chunked = objective(lambda h, w: token_logprobs(
-      h, w, targets, chunk_size=4, temperature=temperature, return_entropy=True))
+      h, w, targets, chunk_size=chunk_size, temperature=temperature, return_entropy=True))
   naive = objective(lambda h, w: _naive(h, w, targets, temperature))
   for got, want, name in zip(chunked(hidden, unembed), naive(hidden, unembed), ("hidden", "unembed")):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -8,6 +8,7 @@ that names it. Fresh compilations dominate the runtime; they go to JAX's persist
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,18 +112,15 @@ def _assert_same_metrics(got_dir, want_dir):
       np.testing.assert_allclose(got[step][k], want[step][k], rtol=1e-4, atol=1e-6, err_msg=f"step {step}: {k}")
 
 
-@pytest.fixture(scope="module")
-def rl_single(tmp_path_factory):
-  out = tmp_path_factory.mktemp("rl_single")
-  return out, _run("rl", 1, out)
-
-
-def test_rl_two_processes_train_like_one(rl_single, tmp_path):
-  single_dir, (single,) = rl_single
-  pair = _run("rl", 2, tmp_path)
+def test_rl_two_processes_train_like_one_and_checkpoints_move_between_process_counts(tmp_path):
+  """One test, so that its four launches share runs whatever worker pytest-xdist sends a test to: the
+  2-process run's step-1 checkpoint is the one the resume chain starts from."""
+  single_dir, pair_dir, chain_dir = tmp_path / "single", tmp_path / "pair", tmp_path / "chain"
+  (single,) = _run("rl", 1, single_dir)
+  pair = _run("rl", 2, pair_dir, ["checkpoint.keep_every=1"])  # keeps step 1's checkpoint
   assert all(r["processes"] == 2 and r["devices"] == 8 for r in pair)
-  _assert_same_weights(tmp_path, single_dir)
-  _assert_same_metrics(tmp_path, single_dir)
+  _assert_same_weights(pair_dir, single_dir)
+  _assert_same_metrics(pair_dir, single_dir)
   # Every prompt of every round is generated exactly once, by exactly one process: the same prompts as
   # one process draws, split into equal contiguous shares; the engine, scheduling every process's rows on
   # every process, gives each process the tokens and log-probs one process gets for those rows.
@@ -136,13 +134,13 @@ def test_rl_two_processes_train_like_one(rl_single, tmp_path):
     np.testing.assert_allclose(got_out[0]["logprobs"] + got_out[1]["logprobs"], want_out["logprobs"], rtol=0,
                                atol=1e-6, err_msg=f"round {k}")
 
-
-def test_rl_checkpoints_move_between_process_counts(rl_single, tmp_path):
-  single_dir, _ = rl_single
-  _run("rl", 2, tmp_path, until=1)  # 2 processes write step 1
-  _run("rl", 1, tmp_path, until=2)  # 1 process resumes it, writes step 2 (the prompt stream's epoch boundary)
-  _run("rl", 2, tmp_path)  # 2 processes resume that and finish
-  _assert_same_weights(tmp_path, single_dir)
+  # Checkpoints move between process counts: step 1 as 2 processes wrote it, resumed by 1 process, whose
+  # step 2 (the prompt stream's epoch boundary) 2 processes resume and finish, like the single run.
+  shutil.copytree(pair_dir / "checkpoints" / "1", chain_dir / "checkpoints" / "1")
+  _run("rl", 1, chain_dir, until=2)
+  assert sorted(p.name for p in (chain_dir / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
+  _run("rl", 2, chain_dir)
+  _assert_same_weights(chain_dir, single_dir)
 
 
 def test_sft_two_processes_train_like_one(tmp_path):

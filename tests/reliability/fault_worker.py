@@ -16,6 +16,9 @@ Run as ``python fault_worker.py KIND FAULT CONFIG [key=value ...]``. ``FAULT`` i
 - ``enospc``: the commit fails with ``OSError(ENOSPC)`` (disk full).
 
 A fault at a step the run does not reach does nothing. The exit status is the CLI's.
+
+With ``JAXRL_COORDINATOR`` / ``JAXRL_NUM_PROCESSES`` / ``JAXRL_PROCESS_ID`` set, this is one process of a
+multi-process run (``8 / JAXRL_NUM_PROCESSES`` CPU devices each; ``faultlib.launch_processes``).
 """
 
 import errno
@@ -24,7 +27,7 @@ import signal
 import sys
 
 kind, fault, config, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // int(os.environ.get('JAXRL_NUM_PROCESSES', 1))}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

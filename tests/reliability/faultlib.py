@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,11 +47,11 @@ def sft_config(steps: int) -> dict:
   }
 
 
-def rl_config(steps: int) -> dict:
-  """8 prompts, 4 per step: the prompt stream starts a new epoch every second step."""
+def rl_config(steps: int, prompts: int = 8) -> dict:
+  """``prompts`` prompts, 4 per step: with 8, the prompt stream starts a new epoch every second step."""
   return {
       "model": TINY,
-      "data": {"builtin": {"n_train": 8, "n_heldout": 8, "difficulty": 2}, "max_prompt_tokens": 32},
+      "data": {"builtin": {"n_train": prompts, "n_heldout": 8, "difficulty": 2}, "max_prompt_tokens": 32},
       "rollout": {"prompts_per_step": 4, "n": 4, "max_new_tokens": 8},
       "reward": {"fn": "rl_testlib:digit_fraction"},
       "algorithm": {"mini_batches": 2},
@@ -70,7 +72,7 @@ NOT_COMPARED = ("time_", "tok_s/", "tok/s", "mfu")
 @dataclasses.dataclass
 class Launch:
   fault: str
-  returncode: int
+  returncode: int | None
   seconds: float
   stderr: str
 
@@ -92,6 +94,52 @@ def launch(kind: str, config: dict, out_dir: Path, fault: str = "none", override
   p = subprocess.run([sys.executable, str(WORKER), kind, fault, str(path), *overrides], env=env(), cwd=ROOT,
                      capture_output=True, text=True, timeout=TIMEOUT)
   return Launch(fault, p.returncode, time.perf_counter() - t0, p.stderr)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def launch_processes(kind: str, config: dict, out_dir: Path, faults: list[str], *, heartbeat: float,
+                     grace: float = 120) -> list[Launch]:
+  """Runs one ``fault_worker.py`` per entry of ``faults`` as the processes of one ``jax.distributed`` run
+  (a local coordinator, ``8 / len(faults)`` CPU devices each); process ``i`` gets fault ``faults[i]``.
+
+  ``heartbeat`` is ``JAXRL_HEARTBEAT_TIMEOUT``: a process whose peer died must end by itself (the
+  watchdog of ``jaxrl.sharding.initialize``); one still running ``grace`` seconds after the first
+  process ended is killed and reported with return code ``None`` (a hang)."""
+  out_dir.mkdir(parents=True, exist_ok=True)
+  path = out_dir.parent / f"{out_dir.name}.yaml"
+  path.write_text(yaml.safe_dump(dict(config, out_dir=str(out_dir))))
+  port, n = _free_port(), len(faults)
+  t0 = time.perf_counter()
+  procs = [subprocess.Popen([sys.executable, str(WORKER), kind, fault, str(path)], cwd=ROOT, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=dict(env(), JAXRL_COORDINATOR=f"127.0.0.1:{port}", JAXRL_NUM_PROCESSES=str(n),
+                                     JAXRL_PROCESS_ID=str(i), JAXRL_HEARTBEAT_TIMEOUT=str(heartbeat)))
+           for i, fault in enumerate(faults)]
+  errs: list[list[str]] = [[] for _ in procs]
+  readers = [threading.Thread(target=lambda p=p, e=e: e.extend(p.stderr), daemon=True) for p, e in zip(procs, errs)]
+  for r in readers:
+    r.start()
+  ended: dict[int, float] = {}  # process -> seconds from the start to its exit
+  try:
+    while len(ended) < n and time.perf_counter() - t0 < min([TIMEOUT, *(t + grace for t in ended.values())]):
+      for i, p in enumerate(procs):
+        if i not in ended and p.poll() is not None:
+          ended[i] = time.perf_counter() - t0
+      time.sleep(0.1)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+    for r in readers:
+      r.join(timeout=10)
+  return [Launch(fault, p.returncode if i in ended else None, ended.get(i, time.perf_counter() - t0), "".join(e))
+          for i, (fault, p, e) in enumerate(zip(faults, procs, errs))]
 
 
 def curve(out_dir: Path) -> dict[int, dict[str, float]]:

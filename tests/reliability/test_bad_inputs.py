@@ -11,6 +11,7 @@ import json
 import re
 
 import faultlib
+import grain
 import numpy as np
 import pytest
 
@@ -160,6 +161,36 @@ def test_a_data_file_changed_after_indexing_is_an_error_naming_it(tmp_path):
     data_lib.check_fingerprint(saved, data_lib.open_source(path).fingerprint())
 
 
+@pytest.mark.parametrize("policy", ["truncate", "drop"])
+def test_packing_skips_name_their_records_and_survive_a_resume(policy):
+  """Packing keeps the source index of the first few distinct truncated / dropped samples (repeats read
+  once more are counted, not listed again); the iterator's state carries them through a JSON round trip."""
+  def sample(index, length, trained=True):
+    mask = np.zeros(length, bool)
+    mask[1:3] = trained
+    return {"tokens": np.arange(1, length + 1, dtype=np.int32), "loss_mask": mask,
+            "turn_id": mask.astype(np.int32), "sample_id": np.full(length, index, np.int32)}
+  # index: length; 8 fits, 20, 30, 40, 50 are over seq_len=16; 11 is short with nothing trained; record 1
+  # comes again (a second epoch); the last one keeps the final counts in a batch's stats.
+  lengths = {0: 8, 1: 20, 2: 8, 3: 30, 4: 40, 5: 50, 6: 8}
+  samples = [sample(i, n) for i, n in lengths.items()] + [sample(11, 6, trained=False), sample(1, 20), sample(7, 8)]
+  cfg = data_lib.PackingConfig(seq_len=16, global_rows=2, buffer_size=3, overlong=policy)
+  ds = data_lib.PackedBatchIterDataset(grain.MapDataset.source(samples).to_iter_dataset(), config=cfg)
+  straight = [b.stats for b in ds]
+  last = straight[-1]
+  if policy == "truncate":  # 5 truncations of 4 distinct records; only the untrained sample is dropped
+    assert (last.truncated, last.truncated_examples, last.dropped, last.dropped_examples) == (5, (1, 3, 4), 1, (11,))
+  else:
+    assert (last.truncated, last.dropped, last.dropped_examples) == (0, 6, (1, 3, 4))
+  for k in range(1, len(straight)):  # stopped after batch k, resumed
+    it = iter(ds)
+    for _ in range(k):
+      next(it)
+    resumed = iter(ds)
+    resumed.set_state(json.loads(json.dumps(it.get_state())))  # as the checkpoint's JSON item stores it
+    assert [b.stats for b in resumed] == straight[k:], k
+
+
 def test_sft_run_reports_every_skip_and_refuses_to_resume_on_changed_data(tmp_path, capsys):
   """Two bad records (within data.max_bad_records) and over-long samples: the run finishes, prints the
   skip table and writes ``skips`` to results.json; after the data file changes, resuming stops with
@@ -177,8 +208,9 @@ def test_sft_run_reports_every_skip_and_refuses_to_resume_on_changed_data(tmp_pa
   reasons = results["skips"]["reasons"]
   assert reasons["malformed JSON"] == {"count": 1, "examples": [f"{train}:4"]}
   assert reasons["not UTF-8"] == {"count": 1, "examples": [f"{train}:9"]}
-  truncated = reasons["over-long sample truncated to packing.seq_len=64"]["count"]
-  assert truncated >= 1 and results["packing"]["truncated"] == truncated
+  truncated = reasons["over-long sample truncated to packing.seq_len=64"]
+  assert truncated["count"] >= 1 and results["packing"]["truncated"] == truncated["count"]
+  assert truncated["examples"] == [f"{train}:8"]  # the over-long record, however often it was read
   assert json.loads((tmp_path / "run" / "results.json").read_text())["skips"] == results["skips"]
   out = "".join(capsys.readouterr())  # the summary goes to stderr
   assert "skipped inputs" in out and "malformed JSON" in out and f"{train}:9" in out

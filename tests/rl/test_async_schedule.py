@@ -87,11 +87,16 @@ class ScriptedEngine:
 
 
 class SlowFuture:
-  """A reward that is done after a random number of polls, sometimes with failed samples."""
+  """A reward that is done after a random number of polls, sometimes with failed samples; with
+  ``flat`` > 0 that share of groups gets all-equal rewards (what dynamic sampling filters)."""
 
-  def __init__(self, rng, n):
+  def __init__(self, rng, n, flat=0.0):
     self.left = rng.randint(0, 8)
-    self.value = (np.asarray([rng.random() for _ in range(n)], np.float32), int(rng.random() < 0.2))
+    if rng.random() < flat:
+      rewards = np.full(n, float(rng.randint(0, 1)), np.float32)
+    else:
+      rewards = np.asarray([rng.random() for _ in range(n)], np.float32)
+    self.value = (rewards, int(rng.random() < 0.2))
 
   def done(self):
     self.left -= 1
@@ -102,27 +107,31 @@ class SlowFuture:
 
 
 def simulate(*, eta: int, B: int = 3, n: int = 2, steps: int = 25, one_off: bool = False, interrupt: bool = True,
-             seed: int = 0, start: int = 0):
+             seed: int = 0, start: int = 0, flat: float = 0.0, max_rounds: int | None = None, full: bool = False):
   """Runs the real RolloutWorker + AsyncSchedule against the scripted engine with a trainer that takes
-  batches at random moments; returns (batches, per-batch staleness arrays, engine, max buffer fill)."""
+  batches at random moments; returns (batches, per-batch staleness arrays, engine, max buffer fill).
+  ``max_rounds``: dynamic sampling (groups with all-equal rewards are filtered); ``full``: the
+  batches are :class:`Batch` objects (else their trained groups)."""
   rng = random.Random(seed)
-  sched = AsyncSchedule(B, eta, steps * B, start=start)
+  keep = (lambda g: bool(g.rewards.max() > g.rewards.min())) if max_rounds else None
+  sched = AsyncSchedule(B, eta, steps, start=start, informative=keep, max_rounds=max_rounds or 1)
   engine = ScriptedEngine(rng)
   engine.version = start
   rid = iter(range(10**6))
   worker = RolloutWorker(engine, sched, make_request=lambda i: (i % 5, FakeRequest(next(rid), n)),
-                         score=lambda g: SlowFuture(rng, g.n), one_off=one_off, interrupt=interrupt)
+                         score=lambda g: SlowFuture(rng, g.n, flat), one_off=one_off, interrupt=interrupt)
   batches, stale, max_fill = [], [], 0
   j = start
   for _ in range(100000):
     if j == steps:
       break
     worker.poll()
-    max_fill = max(max_fill, sched.admitted - sched.taken * B)
+    max_fill = max(max_fill, sched.held())
     if sched.ready(j) and rng.random() < 0.3:  # the trainer is busy a random while
-      groups = sched.take(j)
-      batches.append(groups)
-      stale.append(np.concatenate([j - g.token_versions() for g in groups]))
+      batch = sched.take(j)
+      assert batch.index == j
+      batches.append(batch if full else batch.groups)
+      stale.append(np.concatenate([j - g.token_versions() for g in batch.groups] or [np.zeros(0, np.int64)]))
       j += 1
       worker.offer_weights(f"weights-{j}", j)
   assert j == steps, "the run stalled"
@@ -160,7 +169,7 @@ def test_finish_mode_and_one_off_pipelining():
 
 
 def test_eq3_admission_and_take_checks():
-  sched = AsyncSchedule(2, 1, 100)
+  sched = AsyncSchedule(2, 1, 50)
   assert [sched.admit() for _ in range(4)] == [0, 1, 2, 3]  # batches 0 and 1 at version 0 (η = 1)
   assert not sched.can_admit()
   with pytest.raises(StalenessError, match="eq. 3"):
@@ -174,11 +183,12 @@ def test_eq3_admission_and_take_checks():
   with pytest.raises(RuntimeError, match="already buffered"):
     sched.put(old(0, [0, 0]))
   sched.put(old(1, [0, 0]))
-  assert sched.take(0)[0].index == 0
+  assert sched.take(0).groups[0].index == 0
   with pytest.raises(RuntimeError, match="not ready"):
     sched.take(0)
-  sched.taken = 3  # a token of version 0 in batch 3 would be 3 > η = 1 versions old
-  sched.admitted, sched.version = 8, 3
+  # a token of version 0 in batch 3 would be 3 > η = 1 versions old
+  sched.taken = sched.closed = sched.unassigned = sched._open.index = 3
+  sched.admitted, sched.consumed, sched.version = 8, 6, 3
   sched.put(old(6, [0, 3]))
   sched.put(old(7, [3]))
   with pytest.raises(StalenessError, match="staleness 3"):
@@ -222,3 +232,35 @@ def test_batch_carries_per_token_versions_and_behaviour_logprobs():
   m = staleness_metrics(versions, ro.lengths, 6, 2)
   assert m["async/staleness/1"] == pytest.approx(5 / 7) and m["async/staleness/2"] == pytest.approx(2 / 7)
   assert m["async/versions_per_traj_max"] == 2.0 and m["async/staleness_max"] == 2.0
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_dynamic_sampling_filters_counts_and_stays_within_eta(eta):
+  """DAPO dynamic sampling under the staleness bound: groups with all-equal rewards are counted and never
+  trained, a batch waits for B informative groups (or ends after max_rounds rounds), every drawn group
+  belongs to exactly one batch, no sample is trained twice, and no token is older than η."""
+  B, n, steps, max_rounds = 3, 2, 30, 3
+  batches, stale, _, max_fill = simulate(eta=eta, B=B, n=n, steps=steps, seed=11 + eta, flat=0.5,
+                                         max_rounds=max_rounds, full=True)
+  assert all(s.size == 0 or s.max() <= eta for s in stale)
+  if eta == 0:
+    assert all((s == 0).all() for s in stale)
+  else:
+    assert max(s.max() for s in stale if s.size) >= 1
+  drawn = [g.index for b in batches for g in b.drawn]
+  assert drawn == list(range(len(drawn)))  # whole rounds, in admission order, each drawn group in one batch
+  trained = [(g.index, s) for b in batches for g in b.groups for s in g.completions]
+  assert len(trained) == len(set(trained))  # no sample trained twice
+  flat_groups = 0
+  for b in batches:
+    assert len(b.drawn) == b.rounds * B and b.rounds <= max_rounds
+    zero_var = [g for g in b.drawn if np.var(g.rewards) == 0]  # an independent zero-variance count
+    assert b.filtered == len(zero_var) and not {id(g) for g in zero_var} & {id(g) for g in b.groups}
+    assert len(b.groups) + b.filtered + b.surplus == len(b.drawn)
+    assert len(b.groups) == B or b.rounds == max_rounds  # full, or out of rounds
+    assert b.surplus == 0 or len(b.groups) == B
+    kept = [g.index for g in b.drawn if np.var(g.rewards) > 0][:B]  # the first informative groups
+    assert [g.index for g in b.groups] == kept
+    flat_groups += b.filtered
+  assert flat_groups > 0 and sum(b.rounds > 1 for b in batches) > 0 and sum(b.surplus for b in batches) > 0
+  assert max_fill <= (eta + 1) * B + B - 1  # + the open batch's informative groups waiting for more

@@ -1,12 +1,15 @@
-"""AsyncRLTrainer on 6 rollout + 2 trainer CPU devices: η = 0 is the synchronous trainer bit for bit; with
-η > 0 batches are off-policy (π_prox ≠ π_behav) and the proximal policy stays fixed across mini-batches."""
+"""AsyncRLTrainer on 6 rollout + 2 trainer CPU devices: η = 0 is the synchronous trainer bit for bit (also
+resumed, and with LoRA + DAPO dynamic sampling); with η > 0 batches are off-policy (π_prox ≠ π_behav) and
+the proximal policy stays fixed across mini-batches."""
 
+import zlib
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from rl_testlib import make_config
+from flax import nnx
+from rl_testlib import digit_fraction, make_config
 
 from jaxrl import config as config_lib
 from jaxrl.rl import RLConfig, RLTrainer
@@ -26,17 +29,19 @@ def _params(trainer):
   return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
 
 
-def test_eta0_is_the_synchronous_trainer_bit_for_bit(tmp_path):
-  sync = RLTrainer(_config(tmp_path, "sync"), devices=jax.devices()[6:])  # the async trainer's sub-mesh
+def _run(trainer, **kwargs):
   try:
-    sync.run()
-  finally:
-    sync.close()
-  trainer = AsyncRLTrainer(_config(tmp_path, "async", {"max_staleness": 0}))
-  try:
-    trainer.run()
+    return trainer.run(**kwargs)
   finally:
     trainer.close()
+
+
+def test_eta0_is_the_synchronous_trainer_bit_for_bit(tmp_path):
+  sync = RLTrainer(_config(tmp_path, "sync"), devices=jax.devices()[6:])  # the async trainer's sub-mesh
+  _run(sync)
+  cfg = _config(tmp_path, "async", {"max_staleness": 0}, checkpoint={"every": 1})
+  trainer = AsyncRLTrainer(cfg)
+  _run(trainer)
   assert [d.id for d in trainer.mesh.devices.flat] == [6, 7]
   assert {d.id for x in jax.tree.leaves(trainer.engine.params) for d in x.devices()} == set(range(6))
   for a, b in zip(_params(sync), _params(trainer), strict=True):
@@ -51,19 +56,56 @@ def test_eta0_is_the_synchronous_trainer_bit_for_bit(tmp_path):
   assert all(u["ratio_min"] < 1.0 or u["ratio_max"] > 1.0 for u in second)
   assert all(u["ratio_min"] == u["ratio_max"] == 1.0 for u in trainer.update_history[0::2])
 
-  # Resume: stopped after step 1 (its checkpoint), then resumed to step 2 gives the uninterrupted run's
-  # parameters bit for bit (η = 0 has nothing generated ahead; the prompt stream restarts at group 1·B).
-  cut = _config(tmp_path, "cut", {"max_staleness": 0}, checkpoint={"every": 1})
-  for until in (1, None):
-    part = AsyncRLTrainer(cut)
-    try:
-      out = part.run(until=until)
-    finally:
-      part.close()
+  # Resume: the run is cut after step 1 (its step-2 checkpoint set aside, as the checkpointer does with an
+  # unusable one) and resumed to step 2: the uninterrupted run's parameters bit for bit (η = 0 has nothing
+  # generated ahead; the prompt stream restarts at group 1·B).
+  ckpt = Path(cfg.out_dir) / "checkpoints"
+  (ckpt / "2").rename(ckpt / "2.cut")
+  part = AsyncRLTrainer(cfg)
+  out = _run(part)
   assert out["start_step"] == 1 and len(part.history) == 1
   assert part.history[0]["loss"] == trainer.history[1]["loss"]
   for a, b in zip(_params(trainer), _params(part), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+def half_flat(prompt, completion, **_):
+  """Half the prompts (by a checksum) get a constant reward (dynamic sampling filters their groups), the
+  rest :func:`rl_testlib.digit_fraction`."""
+  return 0.5 if zlib.crc32(prompt.encode()) % 2 else digit_fraction(prompt, completion)
+
+
+def test_eta0_lora_and_dynamic_sampling_are_the_synchronous_trainer_bit_for_bit(tmp_path):
+  """LoRA: only the adapters are trained and transferred to the rollout engine (the base is placed there
+  once); DAPO dynamic sampling: filtered groups are never trained, the batch waits for B informative
+  groups. At η = 0 both give the synchronous trainer's adapters and dynamic-sampling counts exactly."""
+  over = {"lora": {"rank": 4, "alpha": 8, "lr_multiplier": 10.0}, "algorithm.kl_coef": 0.05,
+          "rollout.dynamic_sampling": True, "rollout.max_rounds": 3, "reward.fn": "test_async_trainer:half_flat"}
+  sync = RLTrainer(_config(tmp_path, "sync", **over), devices=jax.devices()[6:])
+  _run(sync)
+  trainer = AsyncRLTrainer(_config(tmp_path, "async", {"max_staleness": 0}, **over))
+  base = [np.asarray(x) for x in jax.tree.leaves(trainer._rollout_base)]
+  _run(trainer)
+  got, want = nnx.to_flat_state(trainer.state.params), nnx.to_flat_state(sync.state.params)
+  assert got and all(str(path[-1]).endswith(("_lora_a", "_lora_b")) for path, _ in got)  # adapters only
+  for (pa, a), (pb, b) in zip(want, got, strict=True):
+    assert pa == pb
+    np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(pa))
+  adapter_bytes = sum(x.nbytes for x in jax.tree.leaves(trainer.state.params))
+  opt_bytes = sum(x.nbytes for x in jax.tree.leaves(trainer.state.opt_state))
+  base_bytes = sum(x.nbytes for x in base)
+  assert opt_bytes < base_bytes / 2  # the optimizer holds the adapters' moments, not the base's
+  for h in trainer.history:  # each version moves only the adapters
+    assert h["async/weight_transfer_bytes"] == adapter_bytes < base_bytes / 5
+  for a, b in zip(base, jax.tree.leaves(trainer._rollout_base), strict=True):  # the rollout's base is frozen
+    np.testing.assert_array_equal(a, np.asarray(b))
+  keys = ("reward/mean", "loss", "dynamic/groups_kept", "dynamic/rounds", "dynamic/groups_generated")
+  for hs, ha in zip(sync.history, trainer.history, strict=True):
+    assert {k: ha.get(k) for k in keys} == {k: hs.get(k) for k in keys}  # no "loss": a step without update
+    assert ha["dynamic/groups_filtered"] + ha["dynamic/groups_kept"] + ha["dynamic/groups_surplus"] == \
+        ha["dynamic/groups_generated"]
+  assert sum(h["dynamic/groups_filtered"] for h in trainer.history) > 0
+  assert max(h["dynamic/rounds"] for h in trainer.history) > 1  # a batch waited for more informative groups
 
 
 def test_off_policy_batches_are_reweighted_and_bounded(tmp_path):
@@ -93,8 +135,8 @@ def test_async_config_is_checked_at_load(tmp_path):
     _config(tmp_path, "x", {"max_staleness": -1})
   with pytest.raises(config_lib.ConfigError, match="asynchronous"):
     config_lib.from_dict(RLConfig, {"asynchronous": {"staleness": 1}})
-  with pytest.raises(ValueError, match="dynamic_sampling is not supported"):
-    _config(tmp_path, "x", {}, **{"rollout.dynamic_sampling": True})
+  with pytest.raises(ValueError, match="reward_overlap_chunks must be 1"):
+    _config(tmp_path, "x", {}, **{"rollout.reward_overlap_chunks": 2})
 
 
 def test_async_trainer_overrides_only_the_schedule():
