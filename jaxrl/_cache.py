@@ -20,8 +20,10 @@ from pathlib import Path
 
 ENV = "JAXRL_XLA_CACHE"
 OFF = ("off", "0", "none", "false")
-MIN_COMPILE_SECONDS = 0.2
-"""Programs that compiled faster than this are not written (reading them back would not pay)."""
+MIN_COMPILE_SECONDS = 0.0
+"""Programs that compiled faster than this are not written. Zero: a process's first RL step dispatches
+dozens of small programs (buffer installs, table updates, block copies) of 20-100 ms compile each, against
+a few ms to read one back, and a threshold in seconds of compile time writes a load-dependent subset."""
 
 
 def default_dir() -> Path:

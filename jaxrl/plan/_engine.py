@@ -194,7 +194,7 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
     for name, p in (("engine_prefill", prompt_bucket), ("engine_recompute", longest)):
       if name == "engine_recompute" and p == prompt_bucket:
         continue
-      u = eng.prefill_rows
+      u = _engine.prefill_batch_rows(eng.prefill_rows, b.shards)  # the engine's rows per call (row-local)
       t = p if eng.prefill_chunk is None else min(eng.prefill_chunk, p)  # one chunk's queries over p slots
       args = (params, pages, jax.ShapeDtypeStruct((u, t), jnp.int32, sharding=repl),
               jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),

@@ -30,6 +30,13 @@ trainer's rule) and eq. 3 generalises to ``c + (r − u) ≤ i + η`` (:class:`A
 LoRA. The frozen base is placed on the rollout devices once; each version transfers only the adapters
 (the trainer's optimizer holds only them), and the engine runs base + unmerged adapters.
 
+Several processes. Each process rolls out its contiguous share of every batch (``B / P`` groups per round,
+the synchronous trainer's split, global prompts and request ids) on an engine over its *own* rollout devices,
+with its own schedule, reward pool and loop: no rollout decision is agreed across processes. Every program
+that spans processes (the batch's gathers, the update, the weight hand-off's all-gather) runs on the trainer
+thread, in step order on every process, after a coordinator barrier; the bound holds per process, hence for
+the whole batch. Dynamic sampling is not supported there yet.
+
 Resume. The checkpoint of step ``s`` holds the trainer's prompt stream at group ``s·B``; the groups
 admitted beyond it are not saved, and a resume re-admits them (same prompts and request ids) at version
 ``s``: exact for ``η = 0``, fresher first batches for ``η > 0`` (docs/async.md, "Resume").
@@ -37,12 +44,14 @@ admitted beyond it are not saved, and a resume re-admits them (same prompts and 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import dataclasses
 import functools
 import json
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -407,15 +416,28 @@ def staleness_metrics(versions: np.ndarray, lengths: np.ndarray, step_version: i
 
 
 def split_devices(cfg: RLConfig, devices=None) -> tuple[list, list]:
-  """``(rollout devices, trainer devices)``: the first ``rollout_devices`` (default 3/4) roll out."""
+  """``(rollout devices, trainer devices)``: the first ``rollout_devices`` (default 3/4) roll out.
+
+  On several processes (devices of ``P`` process indices) every process's first ``rollout_devices / P``
+  devices roll out: the rollout devices returned are this process's own (its engine's process-local
+  sub-mesh); the trainer devices are every process's others, in process order (one trainer mesh).
+  """
   devices = list(devices if devices is not None else jax.devices())
+  procs = sorted({d.process_index for d in devices})
+  local = {p: [d for d in devices if d.process_index == p] for p in procs}
+  per = min(len(v) for v in local.values())
   k = cfg.asynchronous.rollout_devices
   if k is None:
-    k = max(1, (3 * len(devices)) // 4)
-  if not 1 <= k < len(devices):
-    raise ValueError(f"asynchronous.rollout_devices={k}: needs at least one rollout and one trainer device "
-                     f"of the {len(devices)}")
-  return devices[:k], devices[k:]
+    k = max(1, (3 * per) // 4) * len(procs)
+  if k % len(procs) or len({len(v) for v in local.values()}) > 1:
+    raise ValueError(f"asynchronous.rollout_devices={k}: on {len(procs)} processes it must be a multiple of the "
+                     f"process count, every process with the same number of devices (each rolls out on its own)")
+  k //= len(procs)
+  if not 1 <= k < per:
+    raise ValueError(f"asynchronous.rollout_devices={k * len(procs)}: needs at least one rollout and one trainer "
+                     f"device of the {per} on each of the {len(procs)} process(es)")
+  me = jax.process_index() if jax.process_index() in local else procs[0]
+  return local[me][:k], [d for p in procs for d in local[p][k:]]
 
 
 class AsyncRLTrainer(RLTrainer):
@@ -429,11 +451,22 @@ class AsyncRLTrainer(RLTrainer):
   def __init__(self, cfg: RLConfig):
     if cfg.asynchronous is None:
       raise ValueError("AsyncRLTrainer needs an asynchronous: section")
-    if jax.process_count() > 1:
-      raise ValueError("asynchronous: runs on one process so far")
+    procs = jax.process_count()
+    if procs > 1 and cfg.rollout.dynamic_sampling:
+      raise ValueError("asynchronous: rollout.dynamic_sampling runs on one process so far (docs/async.md, "
+                       "\"Several processes\")")
+    if cfg.rollout.engine.num_slots % procs:
+      raise ValueError(f"rollout.engine.num_slots={cfg.rollout.engine.num_slots} must be a multiple of the {procs} "
+                       "processes (asynchronous: each process's engine gets an equal share)")
     self.rollout_devices, trainer_devices = split_devices(cfg)
     super().__init__(cfg, devices=trainer_devices)
     a = cfg.asynchronous
+    # Several processes: each generates its own contiguous share of every round (the synchronous trainer's
+    # split), on an engine over its own rollout devices only; every cross-process program (the update, the
+    # batch's gathers, the weight hand-off) runs on the trainer thread, in the same order on every process.
+    self.share = cfg.rollout.prompts_per_step // self.procs
+    self._replicate = jax.jit(lambda tree: tree, out_shardings=jax.sharding.NamedSharding(
+        self.mesh, jax.sharding.PartitionSpec()))
     self.eta = a.max_staleness
     self.rollout_mesh = sharding.MeshConfig(shape=dict(a.rollout_mesh), rules=cfg.mesh.rules).build(
         self.rollout_devices)
@@ -443,7 +476,8 @@ class AsyncRLTrainer(RLTrainer):
       # LoRA: the frozen base moves to the rollout devices once; each version moves only the adapters (the
       # trained state), as the synchronous sampler gets them: unmerged, in their own dtype.
       base = self.frozen[0]
-      self._rollout_base = jax.device_put(base, models.state_shardings(base, self.rollout_mesh, self.rules))
+      self._rollout_base = jax.device_put(self._local(base),
+                                          models.state_shardings(base, self.rollout_mesh, self.rules))
       self._rollout_shardings = models.state_shardings(self.state.params, self.rollout_mesh, self.rules)
     else:
       self._rollout_shardings = models.state_shardings(
@@ -459,12 +493,20 @@ class AsyncRLTrainer(RLTrainer):
 
   # -- weights ---------------------------------------------------------------------------------
 
+  def _local(self, tree):
+    """``tree`` (trainer-mesh arrays) readable by this process alone: itself on one process; on several, one
+    all-gather onto every trainer device (a collective: the trainer thread calls it, in step order, on every
+    process), then this process's replica."""
+    if self.procs == 1:
+      return tree
+    return jax.tree.map(lambda x: x.addressable_data(0), self._replicate(tree))
+
   def rollout_model(self):
     """The current parameters in the compute dtype on the rollout shardings: ``(model, seconds)``. LoRA:
     only the adapters are transferred; the model is them over the base already on the rollout devices."""
     t0 = time.perf_counter()
     params = self.state.params if self.lora else models.cast_params(self.state.params, self.compute_dtype)
-    params = jax.device_put(params, self._rollout_shardings)
+    params = jax.device_put(self._local(params), self._rollout_shardings)
     jax.block_until_ready(params)
     dt = time.perf_counter() - t0
     self.transfer_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
@@ -477,7 +519,7 @@ class AsyncRLTrainer(RLTrainer):
     self.transfer_times.append(dt)
     engine = sampling.Engine(
         model, self.tokenizer, mesh=self.rollout_mesh, rules=self.rules,
-        max_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens, num_slots=eng.num_slots,
+        max_len=cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens, num_slots=eng.num_slots // self.procs,
         kv_cache_bytes=eng.kv_cache_bytes, kv_cache_fraction=eng.kv_cache_fraction, block_size=eng.block_size,
         steps_per_call=eng.steps_per_call, prefill_rows=eng.prefill_rows, prefill_chunk=eng.prefill_chunk,
         version=version)
@@ -486,9 +528,17 @@ class AsyncRLTrainer(RLTrainer):
 
   # -- rollout side ----------------------------------------------------------------------------
 
+  def global_group(self, index: int) -> int:
+    """The global label of this process's group ``index`` (its share of round ``index // share``)."""
+    return (index // self.share) * self.cfg.rollout.prompts_per_step + self.pid * self.share + index % self.share
+
   def _make_request(self, index: int):
     r = self.cfg.rollout
-    (prompt,), (rid,) = self.admit_stream.take(1)  # the synchronous trainer's prompt and request-id order
+    if not self._admit_queue:  # a new round: this process's share of the global stream's next B prompts
+      prompts, ids = self.admit_stream.take(r.prompts_per_step)  # the synchronous trainer's order
+      mine = slice(self.pid * self.share, (self.pid + 1) * self.share)
+      self._admit_queue.extend(zip(prompts[mine], ids[mine]))
+    prompt, rid = self._admit_queue.popleft()
     req = sampling.Request(prompt=self.train_prompts.ids[prompt].tolist(), n=r.n, max_new_tokens=r.max_new_tokens,
                            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
                            request_id=rid)
@@ -518,7 +568,9 @@ class AsyncRLTrainer(RLTrainer):
       # trainer's stream advances one batch per step). Groups admitted beyond it (async/ahead_groups at step
       # s) are not saved: the rollout restarts at version s and draws them again, same prompts and ids.
       start_step = self._restore()
-    logger = train.MetricsLogger(self.out_dir, total_steps=cfg.steps, desc="rl-async",
+    # Process 0 logs to out_dir; others (the same global metrics) to out_dir/processes/K, as RLTrainer.run.
+    log_dir = self.out_dir if self.pid == 0 else self.out_dir / "processes" / str(self.pid)
+    logger = train.MetricsLogger(log_dir, total_steps=cfg.steps, desc="rl-async",
                                  show=("reward/mean", "accuracy", "eval/accuracy", "async/staleness_mean",
                                        "async/tok_s_effective"), tensorboard=cfg.tensorboard)
     results: dict[str, Any] = {"start_step": start_step}
@@ -529,14 +581,15 @@ class AsyncRLTrainer(RLTrainer):
       results["eval_before"] = self.evaluate(1)
       logger.log(0, results["eval_before"])
     last = cfg.steps if until is None else min(until, cfg.steps)
-    B = cfg.rollout.prompts_per_step
     # The rollout thread admits from its own copy of the stream; self.stream (checkpointed) follows the batches.
     self.admit_stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
     self.admit_stream.set_state(self.stream.get_state())
+    self._admit_queue: collections.deque[tuple[int, int]] = collections.deque()
     r = cfg.rollout
     keep = (functools.partial(informative, max_new=r.max_new_tokens, overlong_penalty=r.overlong_penalty)
             if r.dynamic_sampling else None)
-    self.staleness = AsyncSchedule(B, self.eta, max(last, start_step), start=start_step, informative=keep,
+    self.trained: list[dict[str, np.ndarray]] = []  # per step, every process's trained samples (gathered)
+    self.staleness = AsyncSchedule(self.share, self.eta, max(last, start_step), start=start_step, informative=keep,
                                    max_rounds=r.max_rounds)
     self.engine = self._build_engine(version=start_step)
     self.worker = RolloutWorker(self.engine, self.staleness, make_request=self._make_request, score=self._score_group,
@@ -586,7 +639,8 @@ class AsyncRLTrainer(RLTrainer):
       if self.lora:
         models.save_peft(model, self.out_dir / "adapter")
         results["adapter_dir"] = str(self.out_dir / "adapter")
-    (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    if self.pid == 0:
+      (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 
   def _train_loop(self, start_step: int, last: int, logger, results: dict, stop: threading.Event) -> None:
@@ -598,32 +652,57 @@ class AsyncRLTrainer(RLTrainer):
       if not self.staleness.wait_ready(j, stop):
         return
       t0 = time.perf_counter()
-      batch = self.staleness.take(j)
+      batch = self.staleness.take(j)  # this process's share of batch j, every token within η (checked)
       groups = batch.groups
+      # Every process has its share of batch j: from here on the programs span every process's trainer devices
+      # (a barrier first: CPU collectives give up on a peer arriving more than 30 s late).
+      sharding.barrier("rl-async-batch")
       # The checkpointed stream advances by every group drawn for the batch (filtered and dropped ones too,
-      # as the synchronous trainer's rounds do): at the batch's last round's end after this.
-      prompts, ids = self.stream.take(len(batch.drawn))
-      if prompts != [g.prompt for g in batch.drawn] or ids != [g.request_id for g in batch.drawn]:
-        raise RuntimeError(f"batch {j}: its groups are not the prompt stream's next {len(batch.drawn)} prompts")
+      # as the synchronous trainer's rounds do): at the batch's last round's end after this. Each round's
+      # share of this process is its contiguous slice.
+      B = r.prompts_per_step
+      prompts, ids = self.stream.take(batch.rounds * B)
+      mine = [k for k in range(batch.rounds * B) if self.pid * self.share <= k % B < (self.pid + 1) * self.share]
+      if [prompts[k] for k in mine] != [g.prompt for g in batch.drawn] or \
+          [ids[k] for k in mine] != [g.request_id for g in batch.drawn]:
+        raise RuntimeError(f"batch {j}: its groups are not this process's share of the prompt stream's next "
+                           f"{batch.rounds * B} prompts")
       drawn, _ = groups_to_rollout(batch.drawn, self.train_prompts.ids, max_new=r.max_new_tokens,
                                    tokenizer=self.tokenizer, overlong_penalty=r.overlong_penalty)
       rollout, versions = groups_to_rollout(groups, self.train_prompts.ids, max_new=r.max_new_tokens,
                                             tokenizer=self.tokenizer, overlong_penalty=r.overlong_penalty)
-      errors = sum(g.errors for g in batch.drawn)
-      if errors > cfg.reward.runner.allowed_errors(drawn.num_samples):
-        raise rewards.RewardBudgetExceeded(self.rollout_rewards.name, [], drawn.num_samples,
+      everything = self._global_view(drawn)  # every process's per-sample scalars (gathered)
+      errors, ahead = (int(x) for x in sharding.allgather_rows(
+          {"x": np.asarray([[sum(g.errors for g in batch.drawn), self.staleness.held()]])})[0]["x"].sum(0))
+      if errors > cfg.reward.runner.allowed_errors(everything.num_samples):  # the same decision everywhere
+        raise rewards.RewardBudgetExceeded(self.rollout_rewards.name, [], everything.num_samples,
                                            cfg.reward.runner.max_errors)
       self.last_rollout = rollout if groups else None
-      metrics = self._rollout_metrics(drawn)  # over every sample drawn, as the synchronous trainer's
+      metrics = self._rollout_metrics(everything)  # over every sample drawn, as the synchronous trainer's
       metrics["reward_errors"] = float(errors)
       if r.dynamic_sampling:
         metrics.update({"dynamic/groups_kept": float(len(groups)), "dynamic/rounds": float(batch.rounds),
                         "dynamic/groups_generated": float(len(batch.drawn)),
                         "dynamic/groups_filtered": float(batch.filtered),
                         "dynamic/groups_surplus": float(batch.surplus)})
-      metrics["async/ahead_groups"] = float(self.staleness.held())
+      metrics["async/ahead_groups"] = float(ahead)
+      trained_tokens = 0.0
       if groups:
-        metrics.update(staleness_metrics(versions, rollout.lengths, j, self.eta))
+        got, _ = sharding.allgather_rows({  # every process's trained samples: metrics and self.trained
+            "versions": versions, "lengths": rollout.lengths,
+            "group": np.asarray([self.global_group(g.index) for g in groups for _ in range(g.n)], np.int64),
+            "sample": np.asarray([s for g in groups for s in range(g.n)], np.int64),
+            "request_id": np.asarray([g.request_id for g in groups for _ in range(g.n)], np.int64),
+            "tokens_crc": np.asarray([zlib.crc32(t[:k].tobytes()) & 0x7FFFFFFF  # gathered as int32 (x64 off)
+                                      for t, k in zip(rollout.tokens, rollout.lengths)], np.int64)})
+        valid = np.arange(got["versions"].shape[1])[None, :] < got["lengths"][:, None]
+        self.trained.append({
+            "step": np.full(len(got["group"]), step), "group": got["group"], "sample": got["sample"],
+            "request_id": got["request_id"], "tokens_crc": got["tokens_crc"], "length": got["lengths"],
+            "version_min": np.where(valid, got["versions"], np.iinfo(np.int32).max).min(1, initial=step),
+            "version_max": got["versions"].max(1, initial=-1)})
+        trained_tokens = float(got["lengths"].sum())
+        metrics.update(staleness_metrics(got["versions"], got["lengths"], j, self.eta))
         metrics.update(self.update(rollout, step))
       else:
         logger.note(f"step {step}: no informative group after {batch.rounds} rounds; no update")
@@ -640,7 +719,7 @@ class AsyncRLTrainer(RLTrainer):
           "async/time_wait_batch": t0 - t_wait, "async/trainer_busy": (t2 - t0) / wall,
           "async/rollout_busy": min(counters["busy_s"] / wall, 1.0),
           "async/weight_transfer_bytes": float(self.transfer_bytes),
-          "async/tok_s_effective": float(rollout.lengths.sum()) / wall, "time_step": wall})
+          "async/tok_s_effective": trained_tokens / wall, "time_step": wall})
       if groups:
         metrics["tok_s/train"] = metrics["train/tokens"] / max(metrics["time_train"], 1e-9)
       t_prev = t2

@@ -22,7 +22,9 @@ class AsyncConfig:
 
   Works with ``lora:`` (only the adapters move to the rollout devices at each version) and with
   ``rollout.dynamic_sampling`` (rounds of ``B`` groups, filtered as synchronously, under the same
-  bound); needs ``rollout.engine``; one process (docs/async.md).
+  bound); needs ``rollout.engine``. On several processes each rolls out its own share on its own devices
+  (``rollout_devices`` and ``rollout.engine.num_slots`` count all processes'; no dynamic sampling there yet;
+  docs/async.md, "Several processes").
   """
 
   mode: Literal["areal", "one_off"] = "areal"
@@ -30,7 +32,8 @@ class AsyncConfig:
   max_staleness: int = 4
   "η: no training batch holds a token more than η policy versions (RL steps) old; 0 is the synchronous trainer."
   rollout_devices: int | None = None
-  "Devices of the rollout sub-mesh (the first ones); the rest train. Default 3/4 of the devices (AReaL's ratio)."
+  ("Devices of the rollout sub-mesh (the first ones; each process's first rollout_devices / P on P processes); the "
+   "rest train. Default 3/4 of the devices (AReaL's ratio).")
   rollout_mesh: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1})
   "Mesh axis sizes of the rollout sub-mesh (the trainer keeps `mesh:`); the logical rules are `mesh.rules`."
   interrupt: bool = True

@@ -105,7 +105,8 @@ class EngineConfig:
   steps_per_call: int = 8
   "Most decode steps per device call (a call also ends when a row finishes)."
   prefill_rows: int = 4
-  "Prompts per prefill program."
+  ("Prompts per prefill program; on a mesh rounded up to a multiple of the cache's data shards (each shard "
+   "prefills its own rows).")
   prefill_chunk: int | None = None
   ("Prefill long prompts this many tokens (a multiple of `block_size`) per scheduling round, decoding the "
    "running rows between chunks; null: whole prompts.")

@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -126,10 +127,40 @@ def compute_advantages(rollout: Rollout, *, name: str, options: dict[str, Any]) 
     kwargs["num_groups"] = max(rollout.num_groups, 1)
   if "prefix_ids" in params and "prefix_ids" not in kwargs:  # ARPO's shared-prefix tree (jaxrl.envs);
     tree = rollout.prefix_ids  # without branching no token is shared: arpo_hard / arpo_soft are GRPO
-    kwargs["prefix_ids"] = jnp.asarray(tree if tree is not None else np.full(rollout.tokens.shape, -1, np.int32))
-  adv, metrics = fn(rewards=jnp.asarray(rollout.rewards), group_ids=jnp.asarray(rollout.group_ids),
-                    response_mask=jnp.asarray(rollout.response_mask()), **kwargs)
+    kwargs["prefix_ids"] = np.asarray(tree if tree is not None else np.full(rollout.tokens.shape, -1, np.int32))
+  arrays = {k: kwargs.pop(k) for k in list(kwargs) if isinstance(kwargs[k], (np.ndarray, jax.Array))}
+  arrays.update(rewards=np.asarray(rollout.rewards), group_ids=np.asarray(rollout.group_ids),
+                response_mask=np.asarray(rollout.response_mask()))
+  adv, metrics = _advantage_program(fn, kwargs)(**arrays)
   return np.asarray(adv, np.float32), {f"advantage/{k}": float(v) for k, v in metrics.items()}
+
+
+_PROGRAMS: dict[tuple, Any] = {}
+
+
+def _advantage_program(fn, options: dict[str, Any]):
+  """``fn`` with its non-array ``options`` fixed, as one compiled program.
+
+  Called op by op, an estimator dispatches a few dozen small programs, each compiled on a process's
+  first step (the persistent cache then reads them back one by one). An estimator that cannot be
+  traced (it reads values on the host) runs eagerly as before; that is decided once per estimator.
+  """
+  key = (fn, repr(sorted(options.items())))
+  if key not in _PROGRAMS:
+    jitted = jax.jit(lambda **arrays: fn(**arrays, **options))
+
+    def run(**arrays):
+      if _PROGRAMS[key] is not run:
+        return _PROGRAMS[key](**arrays)
+      try:
+        return jitted(**arrays)
+      except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+              jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError):
+        _PROGRAMS[key] = lambda **a: fn(**{k: jnp.asarray(v) for k, v in a.items()}, **options)
+        return _PROGRAMS[key](**arrays)
+
+    _PROGRAMS[key] = run
+  return _PROGRAMS[key]
 
 
 def sequence_fields(rollout: Rollout, advantages: np.ndarray, mask: np.ndarray) -> list[dict[str, np.ndarray]]:

@@ -434,7 +434,7 @@ class RLTrainer:
       for k, (pb, batch) in enumerate(zip(packed, batches)):
         current_as_old = epoch == 0 and k == 0 and algo.old_logprobs == "recompute"
         step_fn = self._step_fn(pb.shape[0], max_len)
-        self.state, out = step_fn(self.state, batch, *self.frozen, jnp.asarray(current_as_old))
+        self.state, out = step_fn(self.state, batch, *self.frozen, np.asarray(current_as_old))
         raw.append(out)
         if self.critic is not None:
           self.critic.train(batch, pb.shape[0], max_len)

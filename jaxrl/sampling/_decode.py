@@ -123,8 +123,26 @@ def run_blocks(
   """
   cfg = model.cfg
   dt = cfg.jnp_dtype
-  positions = pos[:, None]  # [B, 1]
   x = jnp.take(model.embed[...], token[:, None], axis=0).astype(dt)  # [B, 1, D]
+  x, (new_k, new_v) = run_layers(model, x, pos[:, None], cache, attend)
+  h = model.final_norm(x)
+  if model.lm_head is None:  # tied: contract with the embedding directly (no per-step transposed copy)
+    logits = jnp.einsum("btd,vd->btv", h, model.embed[...].astype(dt), preferred_element_type=jnp.float32)
+  else:
+    logits = jnp.einsum("btd,dv->btv", h, model.lm_head[...].astype(dt), preferred_element_type=jnp.float32)
+  return logits[:, 0], (new_k, new_v)
+
+
+def run_layers(
+    model,
+    x: jax.Array,  # [B, T, D] embedded inputs (compute dtype)
+    positions: jax.Array,  # [B, T] int32
+    cache: tuple[jax.Array, jax.Array],  # per-layer cache arrays, stacked on a leading [L] axis
+    attend: Callable,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:  # [B, T, D] last block's output (not normed), new cache
+  """The model's blocks over ``x`` with a custom attention step ``attend(k_l, v_l)`` (see
+  :func:`run_blocks`); the engine's paged prefill runs its chunks through it (``T`` tokens per row)."""
+  cfg = model.cfg
 
   def block_fn(block, x, k_l, v_l):
     return block(x, positions=positions, attend=attend(k_l, v_l))
@@ -151,9 +169,4 @@ def run_blocks(
     for i, block in enumerate(model.layers):
       x, (k_l, v_l) = block_fn(block, x, new_k[i], new_v[i])
       new_k, new_v = write(new_k, i, k_l), write(new_v, i, v_l)
-  h = model.final_norm(x)
-  if model.lm_head is None:  # tied: contract with the embedding directly (no per-step transposed copy)
-    logits = jnp.einsum("btd,vd->btv", h, model.embed[...].astype(dt), preferred_element_type=jnp.float32)
-  else:
-    logits = jnp.einsum("btd,dv->btv", h, model.lm_head[...].astype(dt), preferred_element_type=jnp.float32)
-  return logits[:, 0], (new_k, new_v)
+  return x, (new_k, new_v)

@@ -29,7 +29,9 @@ the other rows, preemption or interruption.
 
 Sharding. Slots (and their state) are split over the cache-batch mesh axes, the pool's block axis
 likewise (a slot only gets blocks of its own shard, see :class:`BlockPool`), kv heads over the
-tensor axis; the per-layer cache write and paged attention run under ``shard_map``.
+tensor axis; the decode's and the prefill's per-layer cache reads, writes and attention run under
+``shard_map``, so a device only touches its own rows' blocks (a prefill call's rows are grouped by
+shard, ``prefill_rows`` rounded up to a multiple of the shards).
 
 Several processes. On a mesh that spans processes every process runs the whole schedule above over
 the same global request list, so all of them issue the same jitted programs with the same host
@@ -248,7 +250,8 @@ class Engine:
       ``num_blocks`` (the pool size over all devices) and ``kv_cache_fraction`` (of the device's free
       memory, where the backend reports it).
     steps_per_call: most decode steps per device call (a call also ends when a row finishes).
-    prefill_rows: rows per prefill program (prompts are prefilled in groups of this many).
+    prefill_rows: rows per prefill program (prompts are prefilled in groups of this many); on a mesh
+      rounded up to a multiple of the cache-batch shards, each shard prefilling its own rows.
     prefill_chunk: prefill long sequences this many tokens (a multiple of ``block_size``) per
       scheduling round, with a decode call of the running rows between chunks, so admitting a long
       prompt does not stall decoding; ``None``: whole sequences. Results do not depend on it.
@@ -300,7 +303,9 @@ class Engine:
     self.cfg = model.cfg
     self.tokenizer = tokenizer
     self.mesh = mesh
-    self._procs = jax.process_count() if mesh is not None else 1  # as Sampler: a mesh spans every process
+    # The processes the mesh spans: several run one schedule together; a process-local mesh (the asynchronous
+    # trainer's rollout sub-mesh on several processes) runs only local programs.
+    self._procs = len({d.process_index for d in mesh.devices.flat}) if mesh is not None else 1
     self.rules = rules or LogicalRules.default()
     self.max_len = max_len
     self.min_bucket = min_bucket
@@ -570,10 +575,10 @@ class Engine:
       return
     steps = self._reserve()
     t0 = time.perf_counter()
-    budget = jnp.int32(steps)
-    early = jnp.bool_(bool(self._waiting))  # stop at the first finished row only when a row waits for its slot
+    budget = np.int32(steps)
+    early = np.bool_(bool(self._waiting))  # stop at the first finished row only when a row waits for its slot
     self.pages, self.slots, summary = self._programs.decode(self.params, self.pages, self.slots, self._stops,
-                                                            jnp.int32(self.version), budget, early)
+                                                            np.int32(self.version), budget, early)
     host = jax.device_get(summary)  # replicated: every process reads the same values from its own devices
     now = time.perf_counter()
     m = self.metrics
@@ -811,28 +816,34 @@ class Engine:
         t = p - job.done if self.prefill_chunk is None else min(self.prefill_chunk, p - job.done)
         by_shape[(p, t)].append(job)
     m = self.metrics
+    u = prefill_batch_rows(self.prefill_rows, self.dp)
+    per = u // self.dp  # rows of each pool shard per call: row k lives on shard k // per (row-local prefill)
     for (p, t), items in sorted(by_shape.items()):
-      for i in range(0, len(items), self.prefill_rows):
-        chunk = items[i:i + self.prefill_rows]
-        u = self.prefill_rows
+      by_shard: list[list[_Job]] = [[] for _ in range(self.dp)]
+      for job in items:
+        by_shard[self.pool.shard_of(job.row.blocks[0])].append(job)
+      for i in range(0, max(len(q) for q in by_shard), per):
         toks = np.zeros((u, t), np.int32)
         start = np.zeros((u,), np.int32)
         n_cache = np.zeros((u,), np.int32)
         tables = np.full((u, p // self.block_size), self.num_blocks, np.int32)
-        for k, job in enumerate(chunk):
+        for k, job in ((d * per + j, job) for d, q in enumerate(by_shard) for j, job in enumerate(q[i:i + per])):
           part = job.seq[job.done:job.done + t]
           toks[k, :len(part)] = part
           start[k], n_cache[k] = job.done, len(job.seq)
           nb = blocks_for(n_cache[k], self.block_size)
           tables[k, :nb] = job.row.blocks[:nb]
+          if self.dp > 1 and any(self.pool.shard_of(b) != k // per for b in job.row.blocks[:nb]):
+            raise RuntimeError(f"engine: row {job.row.request.request_id}/{job.row.sample} holds blocks of "
+                               "several pool shards; a row's blocks must all be on its slot's shard")
           if job.recompute:
             m.recomputed_tokens += len(part)
           else:
             m.prefill_tokens += len(part)
           job.done += len(part)
         m.prefill_calls += 1
-        self.pages = self._programs.prefill(self.params, self.pages, jnp.asarray(toks), jnp.asarray(n_cache),
-                                            jnp.asarray(tables), jnp.asarray(start))
+        self.pages = self._programs.prefill(self.params, self.pages, np.asarray(toks), np.asarray(n_cache),
+                                            np.asarray(tables), np.asarray(start))
     return [job for job in jobs if job.done >= len(job.seq)]
 
   def _install(self, rows: list[_Row]) -> None:
@@ -878,7 +889,7 @@ class Engine:
       row.n_gen = n
       if n and row.first_token is None:
         row.first_token = time.perf_counter()
-    self.slots = self._programs.install(self.slots, {k: jnp.asarray(v) for k, v in f.items()})
+    self.slots = self._programs.install(self.slots, {k: np.asarray(v) for k, v in f.items()})
 
   def _set_tables(self, rows: list[_Row]) -> None:
     a = _s._next_pow2(len(rows))
@@ -887,13 +898,13 @@ class Engine:
     for k, row in enumerate(rows):
       slot[k] = row.slot
       tables[k, :len(row.blocks)] = row.blocks
-    self.slots = self._programs.set_tables(self.slots, jnp.asarray(slot), jnp.asarray(tables))
+    self.slots = self._programs.set_tables(self.slots, slot, tables)
 
-  def _put_slot_idx(self, slots: list[int]) -> jax.Array:
+  def _put_slot_idx(self, slots: list[int]) -> np.ndarray:
     a = _s._next_pow2(len(slots))
     idx = np.full((a,), self.num_slots, np.int32)
     idx[:len(slots)] = slots
-    return jnp.asarray(idx)
+    return idx
 
   def _bucket_pairs(self, src, dst):
     a = _s._next_pow2(len(src))
@@ -901,7 +912,7 @@ class Engine:
     d = np.full((a,), self.num_blocks, np.int32)
     s[:len(src)] = src
     d[:len(dst)] = dst
-    return jnp.asarray(s), jnp.asarray(d)
+    return s, d
 
   def _output(self, rows: dict[int, Completion], count: int, n: int, max_new_tokens: int, k_top: int = 0,
               want_entropy: bool = False) -> _s.SampleOutput:
@@ -1089,53 +1100,132 @@ class _Programs:
     ``start`` (earlier chunks) are read from those blocks. ``start`` (multiples of ``bs``, default 0)
     keeps ``start + T <= P``; a whole-sequence prefill is ``T = P``, ``start = 0``.
 
-    Attention runs over a ``P``-slot context whatever ``T``. With ``row_tile`` (the reproducibility
-    switch) the queries run in a scan over tiles of one block, so a sequence prefilled in chunks gets
-    bit for bit the keys/values of one piece; otherwise they differ by XLA's shape-dependent rounding
-    (about one ulp).
+    Row-local: on a mesh the rows are split over the pool's shards like the slots (``U`` a multiple of
+    the shards; row ``u`` lives on shard ``u // (U / shards)`` and its blocks must be that shard's,
+    see :meth:`Engine._prefill_chunks`), and each layer's context read, attention and cache write run
+    under ``shard_map`` (:meth:`_prefill_attend_fn`), so a device gathers only its own rows' blocks,
+    one layer at a time. Attention runs over a ``P``-slot context whatever ``T``, through
+    :func:`jaxrl.kernels.attention` (the model's kernel: flash-style on TPU/GPU). With ``row_tile``
+    (the reproducibility switch) the queries run in a scan over tiles of one block, so a sequence
+    prefilled in chunks gets bit for bit the keys/values of one piece; otherwise they differ by XLA's
+    shape-dependent rounding (about one ulp).
     """
     self.counts["prefill"] += 1
-    model = nnx.merge(self.graphdef, params)
     u, t = tokens.shape
-    mb = tables.shape[1]
-    p = mb * self.bs
+    shards = self._cache_axes()[2]
+    if u % shards:
+      raise ValueError(f"engine prefill: {u} rows do not split over the pool's {shards} shards (rows must be "
+                       "a multiple of the shards, each shard's rows holding only its blocks)")
     start = jnp.zeros((u,), jnp.int32) if start is None else start.astype(jnp.int32)
-    k_pool, v_pool = pages
-    l, _, _, kh, h = k_pool.shape
-    with jax.named_scope("prefill"):
-      pos = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [U, T]
+    n_cache = n_cache.astype(jnp.int32)
+    paged = self._prefill_attend_fn()
+    dt = self.cfg.jnp_dtype
+    b_axes = self._cache_axes()[0]
+    row_spec = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec(b_axes or None, None, None))
+
+    def run(pages, params, tokens, start):  # one piece of T' tokens per row, starting at ``start``
+      model = nnx.merge(self.graphdef, params)
+      pos = start[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]  # [U, T']
       seg = (pos < n_cache[:, None]).astype(jnp.int32)
+      x = jnp.take(model.embed[...], tokens, axis=0).astype(dt)  # [U, T', D]
+      if row_spec is not None:  # the rows' activations live where their blocks do
+        x = jax.lax.with_sharding_constraint(x, row_spec)
+
+      def attend(k_l, v_l):  # the layer's context read, attention and cache write, for Attention.__call__
+        def fn(q, k, v):  # [U, T', N, H], [U, T', K, H] x2
+          out, k_l2, v_l2 = paged(q, k, v, k_l, v_l, tables, pos, seg, start, n_cache)
+          return out, (k_l2, v_l2)
+        return fn
+
+      _, pages = _decode.run_layers(model, x, pos, pages, attend)
+      return pages
+
+    with jax.named_scope("prefill"):
+      if not self.row_tile:
+        return run(pages, params, tokens, start)
+      # reproducible: queries in tiles of one block, so every chunking computes the same tiles
+
+      def tile(carry, i):
+        pages, params = carry  # params ride in the carry: NNX modules cannot cross trace levels
+        cut = jax.lax.dynamic_slice_in_dim(tokens, i * self.bs, self.bs, axis=1)
+        return (run(pages, params, cut, start + i * self.bs), params), None
+
+      (pages, _), _ = jax.lax.scan(tile, (pages, params), jnp.arange(t // self.bs))
+      return pages
+
+  def _cache_axes(self) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """``(row axes, head axes, row shards)``: the mesh axes the slots and the pool's blocks are split
+    over (the cache-batch axes, when they divide the slots and blocks) and those the kv heads are split
+    over (the cache-kv-head axes, when they divide the kv and query heads)."""
+    mesh, rules = self.mesh, self.rules
+    if mesh is None:
+      return (), (), 1
+    batch = tuple(a for a in rules.mesh_axes("cache_batch") if mesh.shape[a] > 1)
+    heads = tuple(a for a in rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1)
+    size = lambda axes: math.prod(mesh.shape[a] for a in axes)
+    b_axes = batch if batch and self.s % size(batch) == 0 and self.nb % size(batch) == 0 else ()
+    h_axes = heads if heads and self.cfg.num_kv_heads % size(heads) == 0 and self.cfg.num_heads % size(heads) == 0 \
+        else ()
+    return b_axes, h_axes, size(b_axes) if b_axes else 1
+
+  def _prefill_attend_fn(self):
+    """``(q, k, v, k_pool, v_pool, tables, pos, seg, start, n_cache) -> (out, k_pool, v_pool)`` for one
+    layer of a prefill chunk (``q [U, T, N, H]``, ``k, v [U, T, K, H]``, pools ``[NB, bs, K, H]``): writes
+    the chunk's blocks (those below ``n_cache``) into the pool, reads the row's context (the slots up to
+    the chunk's end) out of its blocks and attends over the ``P`` slots.
+    Under ``shard_map`` over the pool's shards each device does this for its own rows and blocks only."""
+    bs, cfg = self.bs, self.cfg
+    dt = cfg.jnp_dtype
+
+    def local(q, k, v, k_pool, v_pool, tables, pos, seg, start, n_cache, first):
+      u, t = q.shape[:2]
+      mb = tables.shape[1]
+      p = mb * bs
+      nb_local = k_pool.shape[0]
+      loc = tables - first  # the shard's own blocks are [0, nb_local); anything else is not this row's
+      # First the chunk's blocks (whole blocks: ``start`` and ``T`` are multiples of ``bs``), those holding
+      # cached positions (< n_cache); earlier blocks (possibly shared with other rows) are never written.
+      # Writing before reading keeps the donated pool in place (reading first, the CPU compiler copied it).
+      blk = start[:, None] // bs + jnp.arange(t // bs, dtype=jnp.int32)[None, :]  # [U, T / bs]
+      ok = (jnp.take_along_axis((loc >= 0) & (loc < nb_local), blk, axis=1)
+            & (blk < (n_cache[:, None] + bs - 1) // bs))
+      ids = jnp.where(ok, jnp.take_along_axis(loc, blk, axis=1), nb_local)
+
+      def write(pool, new):  # [NB, bs, K, H] <- [U, T, K, H]
+        return pool.at[ids].set(new.reshape(u, t // bs, bs, *new.shape[2:]).astype(pool.dtype), mode="drop")
+
+      k_pool, v_pool = write(k_pool, k), write(v_pool, v)
       slot = jnp.arange(p, dtype=jnp.int32)[None, :]  # [1, P]
       before = slot < start[:, None]  # [U, P]: cached by earlier chunks
+      upto = (slot < start[:, None] + t)[:, :, None, None]  # earlier chunks and this one
 
-      def context(pool):  # [L, NB, bs, K, H] -> [L, U, P, K, H], zero where not yet cached
-        got = jnp.take(pool, jnp.minimum(tables, self.nb - 1), axis=1).reshape(l, u, p, kh, h)
-        return jnp.where(before[None, :, :, None, None], got, jnp.zeros((), pool.dtype))
+      def context(pool):  # the row's P slots out of its blocks; zeros after the chunk
+        got = jnp.take(pool, jnp.clip(loc, 0, nb_local - 1), axis=0).reshape(u, p, *pool.shape[2:])
+        return jnp.where(upto, got, jnp.zeros((), pool.dtype)).astype(dt)
 
-      cache = models.KVCache(k=context(k_pool), v=context(v_pool), segment_ids=before.astype(jnp.int32),
-                             positions=jnp.broadcast_to(slot, (u, p)))
-      if not self.row_tile:
-        _, cache = model(tokens, positions=pos, segment_ids=seg, cache=cache, cache_start=start, return_hidden=True)
-      else:  # reproducible: queries in tiles of one block, so every chunking computes the same tiles
+      # Slots of the chunk past n_cache (padding, or blocks not written) are masked by their segment id 0.
+      kv_seg = _write_rows(before.astype(jnp.int32), seg, start)  # [U, P]
+      kv_pos = jnp.broadcast_to(slot, (u, p))
+      out = kernels.attention(q, context(k_pool), context(v_pool), segment_ids=(seg, kv_seg),
+                              positions=(pos, kv_pos), impl=cfg.attention_impl, interpret=cfg.attention_interpret)
+      return out, k_pool, v_pool
 
-        def tile(carry, i):
-          cache, params = carry  # params ride in the carry: NNX modules cannot cross trace levels
-          cut = lambda x: jax.lax.dynamic_slice_in_dim(x, i * self.bs, self.bs, axis=1)
-          _, cache = nnx.merge(self.graphdef, params)(cut(tokens), positions=cut(pos), segment_ids=cut(seg),
-                                                      cache=cache, cache_start=start + i * self.bs,
-                                                      return_hidden=True)
-          return (cache, params), None
+    if self.mesh is None:
+      return lambda *a: local(*a, jnp.int32(0))
+    b_axes, h_axes, shards = self._cache_axes()
+    nb_local = self.nb // shards
+    bs_, hs = b_axes or None, h_axes or None
 
-        (cache, _), _ = jax.lax.scan(tile, (cache, params), jnp.arange(t // self.bs))
-    blk = jnp.arange(mb)[None, :]  # [1, P / bs]
-    first = start[:, None] // self.bs
-    used = (blk >= first) & (blk < first + t // self.bs) & (blk < (n_cache[:, None] + self.bs - 1) // self.bs)
-    ids = jnp.where(used, tables, self.nb)  # [U, P / bs]: the blocks this chunk wrote
+    def sharded(*a):
+      first = (jax.lax.axis_index(b_axes) * nb_local).astype(jnp.int32) if b_axes else jnp.int32(0)
+      return local(*a, first)
 
-    def write(pool, new):  # [L, NB, bs, K, H] <- [L, U, P, K, H]
-      return pool.at[:, ids].set(new.reshape(l, u, mb, self.bs, kh, h).astype(pool.dtype), mode="drop")
-
-    return write(k_pool, cache.k), write(v_pool, cache.v)
+    act = PartitionSpec(bs_, None, hs, None)  # q, k, v [U, T, heads, H]
+    pool_spec = PartitionSpec(bs_, None, hs, None)  # [NB, bs, K, H]
+    rows2, rows1 = PartitionSpec(bs_, None), PartitionSpec(bs_)
+    return jax.shard_map(sharded, mesh=self.mesh,
+                         in_specs=(act, act, act, pool_spec, pool_spec, rows2, rows2, rows2, rows1, rows1),
+                         out_specs=(act, pool_spec, pool_spec), check_vma=False)
 
   # -- decode ------------------------------------------------------------------------------------
 
@@ -1170,7 +1260,7 @@ class _Programs:
     """``(q, k_new, v_new, k_pool, v_pool, tables, pos, active) -> (out, k_pool, v_pool)`` for one layer:
     writes the new token's key/value at its slot's block, then paged attention; sharded with shard_map."""
     bs, impl = self.bs, self.paged_impl
-    mesh, rules = self.mesh, self.rules
+    mesh = self.mesh
 
     def local(q, k_new, v_new, k_pool, v_pool, tables, pos, active, first):
       nb_local = k_pool.shape[0]
@@ -1186,14 +1276,9 @@ class _Programs:
 
     if mesh is None:
       return lambda *a: local(*a, jnp.int32(0))
-    batch = tuple(a for a in rules.mesh_axes("cache_batch") if mesh.shape[a] > 1)
-    heads = tuple(a for a in rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1)
-    size = lambda axes: math.prod(mesh.shape[a] for a in axes)
-    b_axes = batch if batch and self.s % size(batch) == 0 and self.nb % size(batch) == 0 else ()
-    h_axes = heads if heads and self.cfg.num_kv_heads % size(heads) == 0 and self.cfg.num_heads % size(heads) == 0 \
-        else ()
+    b_axes, h_axes, shards = self._cache_axes()
     bs_, hs = b_axes or None, h_axes or None
-    nb_local = self.nb // (size(b_axes) if b_axes else 1)
+    nb_local = self.nb // shards
 
     def sharded(q, k_new, v_new, k_pool, v_pool, tables, pos, active):
       first = (jax.lax.axis_index(b_axes) * nb_local).astype(jnp.int32) if b_axes else jnp.int32(0)
@@ -1238,12 +1323,25 @@ class _Programs:
     return _decode.run_blocks(model, token, pos, pages, attend)
 
 
+def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+  """``buf[b, start[b] + t] = new[b, t]`` (``buf [B, S, ...]``, ``new [B, T, ...]``, ``start[b] + T <= S``)."""
+  def one(row, upd, s):
+    return jax.lax.dynamic_update_slice(row, upd, (s,) + (0,) * (row.ndim - 1))
+  return jax.vmap(one)(buf, new, start)
+
+
 @functools.lru_cache(maxsize=64)
 def context_bucket(n: int, min_bucket: int, block_size: int, max_blocks: int) -> int:
   """The attention context (cache slots) a prefill of ``n`` tokens runs over: the power-of-two bucket, at
   least one block, and never more than the row's ``max_blocks`` blocks -- a 34,814-token recompute at
   ``max_len`` 34,816 runs over 34,816 slots, not 65,536 (half the prefill's activations)."""
   return min(max(_s.length_bucket(n, minimum=min_bucket), block_size), max_blocks * block_size)
+
+
+def prefill_batch_rows(prefill_rows: int, shards: int) -> int:
+  """Rows of one prefill call: ``prefill_rows`` rounded up to a multiple of the pool's shards, so that
+  every shard prefills the same number of its own rows (the row-local prefill, :meth:`_Programs._prefill`)."""
+  return -(-prefill_rows // shards) * shards
 
 
 def _programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,

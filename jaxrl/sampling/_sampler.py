@@ -415,13 +415,13 @@ class Sampler:
         request=per_row(request_ids.astype(np.int32), 0), sample=np.where(real, rows % n, 0).astype(np.int32),
         temperature=per_row(temp, 0.0), top_k=per_row(tk, 0), top_p=per_row(tp, 1.0), min_p=per_row(mp, 0.0),
         max_new=max_new)
-    args = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jnp.asarray(v) for k, v in args.items()}
+    args = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jax.device_put(v) for k, v in args.items()}
     budget = jnp.int32(g_bucket if max_steps is None else max_steps)
     latent_kw = {}
     if latent:
       n_arr = np.zeros((u_rows,), np.int32)
       n_arr[:count] = n_thoughts
-      latent_kw = dict(n_thoughts=jnp.asarray(n_arr), max_thoughts=int(n_thoughts.max()))
+      latent_kw = dict(n_thoughts=jax.device_put(n_arr), max_thoughts=int(n_thoughts.max()))
     rows_out = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **args, gen_len=g_bucket,
                                       k_top=return_top_logprobs, want_entropy=return_entropy, **latent_kw)
     rows_out = self._programs.decode(self.params, rows_out, stops, budget, jnp.int32(self.version))
@@ -609,7 +609,7 @@ class Sampler:
       arr[i, :ls - len(s)] = _ANY
       arr[i, ls - len(s):] = s
       kind[i] = k
-    return _Stops(jnp.asarray(arr), jnp.asarray(kind)), tuple(stop_strings)
+    return _Stops(jax.device_put(arr), jax.device_put(kind)), tuple(stop_strings)
 
   def _row_bucket(self, count: int) -> int:
     b = _next_pow2(count)
@@ -617,7 +617,7 @@ class Sampler:
 
   def _put_rows(self, x: np.ndarray) -> jax.Array:
     s = self._programs.row_sharding(np.ndim(x))
-    return jnp.asarray(x) if s is None else jax.device_put(x, s)
+    return jax.device_put(x) if s is None else jax.device_put(x, s)
 
   def _check_state(self, state) -> None:
     if not isinstance(state, SamplerState):

@@ -3,6 +3,8 @@
 On several processes (``jax.distributed``, docs/multihost.md) every process reads the same global
 stream of packed batches and feeds its own contiguous block of rows (``jaxrl.sharding.process_slice``):
 the global batch, the iterator state in checkpoints and so the result do not depend on the process count.
+Checkpoints hold every process's iterator state and data-file fingerprint (each restores its own); at each
+checkpoint they must equal process 0's, so processes that read different data stop with an error.
 """
 
 from __future__ import annotations
@@ -255,8 +257,12 @@ class SFTTrainer:
     guard = train.SkipGuard(cfg.guards, log=print)
     if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
       start_step, self.state, host = self.checkpointer.restore(self.state)
-      data_lib.check_fingerprint(host.get("data_files"), source.fingerprint())
-      it.set_state(host["data"])
+      # Each process's own entries (another process count: the entries agree, see _check_same_data).
+      data_lib.check_fingerprint(train.own_process_state(host.get("data_files"), step=start_step,
+                                                         what="the data files' fingerprint",
+                                                         key=lambda files: list(files.values())),
+                                 source.fingerprint())
+      it.set_state(train.own_process_state(host["data"], step=start_step, what="the data-iterator state"))
       guard.set_state(host.get("guards"))
     # Process 0 logs to out_dir; others (same global metrics) to out_dir/processes/K, never the same files.
     log_dir = self.out_dir if self.pid == 0 else self.out_dir / "processes" / str(self.pid)
@@ -309,9 +315,11 @@ class SFTTrainer:
           if self.checkpointer is not None and (self.checkpointer.due(step) or step == last or signum):
             guard.observe(*sharding.to_host(pending))
             pending = None
-            self.checkpointer.save(step, self.state, {"data": it.get_state(), "step": step,
+            procs = train.gather_process_states({"data": it.get_state(), "files": source.fingerprint()})
+            _check_same_data(procs, step)
+            self.checkpointer.save(step, self.state, {"data": [p["data"] for p in procs], "step": step,
                                                       "guards": guard.state(),
-                                                      "data_files": source.fingerprint()}, force=True)
+                                                      "data_files": [p["files"] for p in procs]}, force=True)
           if signum:
             if self.checkpointer is not None:
               self.checkpointer.close()
@@ -346,6 +354,29 @@ class SFTTrainer:
     if self.pid == 0:
       (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
+
+
+def _check_same_data(procs: list[dict[str, Any]], step: int) -> None:
+  """Every process reads the same global stream (module docstring), so at a checkpoint every process's
+  data-iterator state and the contents of its data files (matched in order) must equal process 0's;
+  otherwise the processes fed their rows from different batches. ``procs``: the gathered
+  ``{"data": iterator state, "files": fingerprint}`` of each process."""
+  want = procs[0]
+  for k, got in enumerate(procs[1:], 1):
+    if len(got["files"]) != len(want["files"]):
+      raise data_lib.DataError(f"step {step}: process {k} reads {len(got['files'])} data file(s) "
+                               f"({list(got['files'])}), process 0 reads {len(want['files'])} "
+                               f"({list(want['files'])}); every process must read the same data",
+                               reason="processes differ")
+    for (path0, fp0), (path, fp) in zip(want["files"].items(), got["files"].items()):
+      if list(fp) != list(fp0):
+        raise data_lib.DataError(f"{path}: process {k}'s copy differs from process 0's {path0} ({fp[0]} bytes, "
+                                 f"CRC-32 {fp[1]:08x}; process 0: {fp0[0]} bytes, CRC-32 {fp0[1]:08x}); every "
+                                 "process must read identical data files", reason="processes differ")
+    if got["data"] != want["data"]:
+      raise data_lib.DataError(f"step {step}: process {k}'s data-iterator state differs from process 0's "
+                               "(its data position or packing counters); every process must read the same "
+                               "data stream", reason="processes differ")
 
 
 def sft_skip_report(source, stats, packing: data_lib.PackingConfig) -> data_lib.SkipReport:

@@ -1,6 +1,12 @@
 """Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging."""
 
-from jaxrl.train._checkpoint import CheckpointConfig, CheckpointError, Checkpointer
+from jaxrl.train._checkpoint import (
+    CheckpointConfig,
+    CheckpointError,
+    Checkpointer,
+    gather_process_states,
+    own_process_state,
+)
 from jaxrl.train._guards import GuardConfig, LossSpikeError, NonFiniteError, SkipGuard
 from jaxrl.train._logging import MetricsLogger
 from jaxrl.train._optim import OptimConfig, make_optimizer, make_schedule
@@ -30,10 +36,12 @@ __all__ = [
     "SkipGuard",
     "TrainState",
     "accumulate_gradients",
+    "gather_process_states",
     "init_train_state",
     "make_optimizer",
     "make_schedule",
     "make_train_step",
+    "own_process_state",
     "place_on_mesh",
     "split_micro_batches",
 ]

@@ -116,6 +116,43 @@ def verify_manifest(step_dir: Path, step: int) -> str | None:
   return None
 
 
+def gather_process_states(local: Any) -> list[Any]:
+  """Every process's JSON-serialisable ``local``, process 0 first, on every process (one process:
+  ``[local]``). A checkpoint's host item is written by process 0 alone; host state that is each
+  process's own (its data-iterator state, the data files it read) reaches process 0 through this
+  all-gather and is committed with the rest of the checkpoint. Every process must call it together."""
+  text = json.dumps(local)  # key order kept: a fingerprint's files are matched in order
+  if jax.process_count() == 1:
+    return [json.loads(text)]
+  from jax.experimental import multihost_utils
+  data = np.frombuffer(text.encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.asarray(data.size, np.int32))).reshape(-1)
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:data.size] = data
+  rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+  return [json.loads(bytes(row[:n]).decode()) for row, n in zip(rows, sizes)]
+
+
+def own_process_state(saved: Any, *, step: int, what: str, key: Callable[[Any], Any] = lambda s: s) -> Any:
+  """This process's entry of a per-process list that :func:`gather_process_states` saved.
+
+  On the process count that wrote the checkpoint, entry ``jax.process_index()``. On another count, the
+  entries must all be equal (compared through ``key``): then the state does not depend on the process
+  (e.g. every process reads the same global data stream) and entry 0 serves every process; otherwise
+  :class:`CheckpointError`. A non-list ``saved`` (one state for every process, as checkpoints written
+  before per-process states hold) is returned as is."""
+  if not isinstance(saved, list):
+    return saved
+  n, i = jax.process_count(), jax.process_index()
+  if len(saved) == n:
+    return saved[i]
+  if saved and all(key(s) == key(saved[0]) for s in saved):
+    return saved[0]
+  raise CheckpointError(f"checkpoint step {step}: {what} was saved by {len(saved)} processes and differs "
+                        f"between them, so it cannot be shared out over this run's {n}; resume on "
+                        f"{len(saved)} processes")
+
+
 class Checkpointer:
   """Saves every ``every`` steps, keeps the newest ``keep`` (plus multiples of ``keep_every``) and
   restores the newest valid one.
@@ -125,7 +162,8 @@ class Checkpointer:
 
   On several processes (after ``jax.distributed.initialize``) every process calls :meth:`save` and
   :meth:`restore` together: each writes its own shards of the state, process 0 alone writes the JSON
-  item and the manifest (the trainers keep host state global, the same on every process), process 0
+  item and the manifest (host state is process 0's; state each process holds for itself is gathered
+  into it with :func:`gather_process_states` and read back with :func:`own_process_state`), process 0
   chooses the step to restore, and a restore reshards onto ``abstract_state``'s shardings, so a
   checkpoint restores on any process count and any mesh.
   """

@@ -175,5 +175,39 @@ def make_train_step(
       out["lr"] = schedule(state.step)
     return new_state, out
 
-  out_shardings = None if state_sharding is None else (state_sharding, None)
-  return jax.jit(step, donate_argnums=(0,) if donate else (), out_shardings=out_shardings)
+  return _StateShardedStep(step, state_sharding, donate)
+
+
+class _StateShardedStep:
+  """``jax.jit(step)`` whose new state keeps the shardings of the state passed in (or ``state_sharding``).
+
+  Left to the compiler, the outputs of the update's ``lax.cond`` came out replicated on GPU targets (every
+  H100 holding the whole updated weights and Adam moments: 165 GiB a GPU for a 14B model, issue 11), while
+  TPU and CPU kept the input's FSDP sharding. One jitted program per distinct input sharding (in practice
+  one); ``lower`` does the same for ahead-of-time compiles of abstract states (``jaxrl plan``).
+  """
+
+  def __init__(self, step, state_sharding, donate: bool):
+    self._step, self._state_sharding, self._donate = step, state_sharding, donate
+    self._jitted: dict = {}
+
+  def _for(self, state):
+    shard = self._state_sharding
+    if shard is None:
+      leaves, treedef = jax.tree.flatten(state)
+      got = [getattr(x, "sharding", None) for x in leaves]
+      placed = all(isinstance(g, NamedSharding) and getattr(x, "committed", True) for g, x in zip(got, leaves))
+      shard = jax.tree.unflatten(treedef, got) if placed else None  # not all on a mesh: the compiler's choice
+      key = None if shard is None else (treedef, tuple(got))
+    else:
+      key = "given"
+    if key not in self._jitted:
+      self._jitted[key] = jax.jit(self._step, donate_argnums=(0,) if self._donate else (),
+                                  out_shardings=None if shard is None else (shard, None))
+    return self._jitted[key]
+
+  def __call__(self, state, *args):
+    return self._for(state)(state, *args)
+
+  def lower(self, state, *args, **kwargs):
+    return self._for(state).lower(state, *args, **kwargs)

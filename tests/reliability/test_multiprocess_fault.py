@@ -11,6 +11,8 @@ another process dies, the watchdog ends the rest within ``JAXRL_HEARTBEAT_TIMEOU
 default) naming it (``tests/multihost/test_multihost_trainers.py``).
 """
 
+import json
+
 import faultlib
 import pytest
 
@@ -54,3 +56,10 @@ def test_two_process_sft_preempted_then_coordinator_killed_in_a_commit_resumes_e
   assert faultlib.checkpoint_problems(chain) == []
   assert not any("skipping unusable checkpoint" in x.stderr for x in last), last[0].stderr[-3000:]
   assert faultlib.compare(tmp_path / "straight", chain) == []
+
+  # Each process's data-iterator state and data files are saved (process 1 reads its own copy of the
+  # built-in data); the states agree, since every process reads the same global stream.
+  host = json.loads((chain / "checkpoints" / "2" / "host" / "metadata").read_text())
+  assert [list(files) for files in host["data_files"]] == [[str(chain / "data" / "train.jsonl")],
+                                                           [str(chain / "processes" / "1" / "data" / "train.jsonl")]]
+  assert len(host["data"]) == 2 and host["data"][0] == host["data"][1], host["data"]

@@ -1,4 +1,4 @@
-"""AsyncRLTrainer on 6 rollout + 2 trainer CPU devices: η = 0 is the synchronous trainer bit for bit (also
+"""AsyncRLTrainer on 4 rollout + 4 trainer CPU devices: η = 0 is the synchronous trainer bit for bit (also
 resumed, and with LoRA + DAPO dynamic sampling); with η > 0 batches are off-policy (π_prox ≠ π_behav) and
 the proximal policy stays fixed across mini-batches."""
 
@@ -16,12 +16,16 @@ from jaxrl.rl import RLConfig, RLTrainer
 from jaxrl.rl._async import AsyncRLTrainer
 
 ENGINE = {"num_slots": 12, "kv_cache_bytes": 1 << 20, "block_size": 8, "steps_per_call": 4}
+# 4 rollout + 4 trainer devices; the synchronous reference trains and rolls out on the trainer's 4. Both
+# engines then split their pool (and every prefill's rows, row-local) over 4 shards and run the same program
+# shapes, which bit-for-bit equality needs (XLA's rounding depends on the per-device shapes).
+ROLLOUT = 4
 
 
 def _config(tmp_path, name, asynchronous=None, **over):
   over = {"rollout.engine": ENGINE, "algorithm.objective": "decoupled_ppo", "steps": 2, **over}
   if asynchronous is not None:
-    over["asynchronous"] = {"rollout_devices": 6, **asynchronous}
+    over["asynchronous"] = {"rollout_devices": ROLLOUT, **asynchronous}
   return make_config(tmp_path / name, **over)
 
 
@@ -37,13 +41,13 @@ def _run(trainer, **kwargs):
 
 
 def test_eta0_is_the_synchronous_trainer_bit_for_bit(tmp_path):
-  sync = RLTrainer(_config(tmp_path, "sync"), devices=jax.devices()[6:])  # the async trainer's sub-mesh
+  sync = RLTrainer(_config(tmp_path, "sync"), devices=jax.devices()[ROLLOUT:])  # the async trainer's sub-mesh
   _run(sync)
   cfg = _config(tmp_path, "async", {"max_staleness": 0}, checkpoint={"every": 1})
   trainer = AsyncRLTrainer(cfg)
   _run(trainer)
-  assert [d.id for d in trainer.mesh.devices.flat] == [6, 7]
-  assert {d.id for x in jax.tree.leaves(trainer.engine.params) for d in x.devices()} == set(range(6))
+  assert [d.id for d in trainer.mesh.devices.flat] == [4, 5, 6, 7]
+  assert {d.id for x in jax.tree.leaves(trainer.engine.params) for d in x.devices()} == set(range(ROLLOUT))
   for a, b in zip(_params(sync), _params(trainer), strict=True):
     np.testing.assert_array_equal(a, b)
   for hs, ha in zip(sync.history, trainer.history, strict=True):
@@ -78,12 +82,15 @@ def half_flat(prompt, completion, **_):
 def test_eta0_lora_and_dynamic_sampling_are_the_synchronous_trainer_bit_for_bit(tmp_path):
   """LoRA: only the adapters are trained and transferred to the rollout engine (the base is placed there
   once); DAPO dynamic sampling: filtered groups are never trained, the batch waits for B informative
-  groups. At η = 0 both give the synchronous trainer's adapters and dynamic-sampling counts exactly."""
+  groups. At η = 0 both give the synchronous trainer's adapters and dynamic-sampling counts exactly, and a run
+  cut after step 1 and resumed from its checkpoint (the prompt stream past every round drawn for batch 1)
+  gives the uninterrupted run's adapters (docs/async.md, "Resume": exact at η = 0)."""
   over = {"lora": {"rank": 4, "alpha": 8, "lr_multiplier": 10.0}, "algorithm.kl_coef": 0.05,
           "rollout.dynamic_sampling": True, "rollout.max_rounds": 3, "reward.fn": "test_async_trainer:half_flat"}
-  sync = RLTrainer(_config(tmp_path, "sync", **over), devices=jax.devices()[6:])
+  sync = RLTrainer(_config(tmp_path, "sync", **over), devices=jax.devices()[ROLLOUT:])
   _run(sync)
-  trainer = AsyncRLTrainer(_config(tmp_path, "async", {"max_staleness": 0}, **over))
+  cfg = _config(tmp_path, "async", {"max_staleness": 0}, checkpoint={"every": 1}, **over)
+  trainer = AsyncRLTrainer(cfg)
   base = [np.asarray(x) for x in jax.tree.leaves(trainer._rollout_base)]
   _run(trainer)
   got, want = nnx.to_flat_state(trainer.state.params), nnx.to_flat_state(sync.state.params)
@@ -106,6 +113,16 @@ def test_eta0_lora_and_dynamic_sampling_are_the_synchronous_trainer_bit_for_bit(
         ha["dynamic/groups_generated"]
   assert sum(h["dynamic/groups_filtered"] for h in trainer.history) > 0
   assert max(h["dynamic/rounds"] for h in trainer.history) > 1  # a batch waited for more informative groups
+
+  # Resume with dynamic sampling: cut after step 1 (step 2's checkpoint set aside), resumed to step 2.
+  ckpt = Path(cfg.out_dir) / "checkpoints"
+  (ckpt / "2").rename(ckpt / "2.cut")
+  part = AsyncRLTrainer(cfg)
+  out = _run(part)
+  assert out["start_step"] == 1 and len(part.history) == 1
+  assert {k: part.history[0].get(k) for k in keys} == {k: trainer.history[1].get(k) for k in keys}
+  for a, b in zip(_params(trainer), _params(part), strict=True):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_off_policy_batches_are_reweighted_and_bounded(tmp_path):
@@ -143,3 +160,23 @@ def test_async_trainer_overrides_only_the_schedule():
   """Packing, updates, rewards and evaluation are RLTrainer's own (a same-named helper would hijack them)."""
   own = {k for k in vars(AsyncRLTrainer) if not k.startswith("__")}
   assert own & set(vars(RLTrainer)) == {"run", "close"}
+
+
+def test_split_devices_gives_each_process_its_own_rollout_devices(tmp_path):
+  """On P processes every process's first rollout_devices / P devices roll out (this process's are returned:
+  its engine's process-local mesh) and the trainer mesh is every process's others, in process order."""
+  from types import SimpleNamespace
+
+  from jaxrl.rl._async import split_devices
+  devs = [SimpleNamespace(id=i, process_index=i // 4) for i in range(8)]  # 2 processes × 4 devices
+  cfg = _config(tmp_path, "x", {"rollout_devices": 6})  # 3 per process
+  rollout, trainer = split_devices(cfg, devs)
+  assert [d.id for d in rollout] == [0, 1, 2] and [d.id for d in trainer] == [3, 7]
+  default = _config(tmp_path, "x", {"rollout_devices": None})  # 3/4 of each process's devices
+  assert [[d.id for d in x] for x in split_devices(default, devs)] == [[0, 1, 2], [3, 7]]
+  one = [SimpleNamespace(id=i, process_index=0) for i in range(8)]
+  assert [[d.id for d in x] for x in split_devices(cfg, one)] == [list(range(6)), [6, 7]]
+  with pytest.raises(ValueError, match="multiple of the process count"):
+    split_devices(_config(tmp_path, "x", {"rollout_devices": 5}), devs)
+  with pytest.raises(ValueError, match="at least one rollout and one trainer device of the 4"):
+    split_devices(_config(tmp_path, "x", {"rollout_devices": 8}), devs)

@@ -1,6 +1,7 @@
 """Rollout batches on the host: dynamic-sampling filter, overlong masks, group selection, advantages."""
 
 import numpy as np
+import pytest
 
 from jaxrl import rl
 
@@ -91,3 +92,30 @@ def test_weighted_reward_adds_format_and_accuracy_like_r1():
                    weights={"fmt": 0.5})
   assert fn("", "<think>3+4=7</think> Answer: 7", answer="7").value == 1.5
   assert fn("", "Answer: 7", answer="7").value == 1.0
+
+
+def test_advantages_run_as_one_program_with_the_eager_values_and_untraceable_estimators_still_run():
+  import jax.numpy as jnp
+  from jaxrl import losses
+  rng = np.random.default_rng(1)
+  ro = _rollout(rng.normal(size=16).astype(np.float32), [False] * 16, lengths=rng.integers(1, 5, 16), group_size=4)
+  arrays = dict(rewards=jnp.asarray(ro.rewards), group_ids=jnp.asarray(ro.group_ids),
+                response_mask=jnp.asarray(ro.response_mask()))
+  for name, options in [("grpo", {}), ("grpo", {"std_normalize": False}), ("rloo", {})]:
+    adv, metrics = rl.compute_advantages(ro, name=name, options=options)
+    want, want_metrics = losses.ADVANTAGES[name](**arrays, num_groups=4, **options)
+    np.testing.assert_allclose(adv, np.asarray(want), rtol=1e-6, atol=1e-7, err_msg=f"{name} {options}")
+    assert metrics == pytest.approx({f"advantage/{k}": float(v) for k, v in want_metrics.items()}, rel=1e-6, abs=1e-6)
+
+  def host_mean(rewards, group_ids, response_mask, num_groups, scale=1.0):  # reads values on the host
+    centred = rewards - float(np.asarray(rewards).mean())
+    return scale * centred[:, None] * response_mask, {"host": float(np.asarray(rewards).mean())}
+
+  losses.register_advantage("test_host_mean", overwrite=True)(host_mean)
+  try:
+    for _ in range(2):  # the fallback is remembered: the second call goes straight to the eager path
+      adv, metrics = rl.compute_advantages(ro, name="test_host_mean", options={"scale": 2.0})
+      np.testing.assert_allclose(adv, 2.0 * (ro.rewards - ro.rewards.mean())[:, None] * ro.response_mask(), rtol=1e-6)
+      assert metrics["advantage/host"] == pytest.approx(float(ro.rewards.mean()))
+  finally:
+    losses.ADVANTAGES.pop("test_host_mean")
