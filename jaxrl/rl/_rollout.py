@@ -150,8 +150,6 @@ def _advantage_program(fn, options: dict[str, Any]):
     jitted = jax.jit(lambda **arrays: fn(**arrays, **options))
 
     def run(**arrays):
-      if _PROGRAMS[key] is not run:
-        return _PROGRAMS[key](**arrays)
       try:
         return jitted(**arrays)
       except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,

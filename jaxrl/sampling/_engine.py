@@ -62,6 +62,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import kernels, models
+from jaxrl.models._transformer import _write_rows
 from jaxrl.sampling import _decode, _layers
 from jaxrl.sampling import _sampler as _s
 from jaxrl.sampling._paged import BlockPool, blocks_for
@@ -1321,13 +1322,6 @@ class _Programs:
       return fn
 
     return _decode.run_blocks(model, token, pos, pages, attend)
-
-
-def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-  """``buf[b, start[b] + t] = new[b, t]`` (``buf [B, S, ...]``, ``new [B, T, ...]``, ``start[b] + T <= S``)."""
-  def one(row, upd, s):
-    return jax.lax.dynamic_update_slice(row, upd, (s,) + (0,) * (row.ndim - 1))
-  return jax.vmap(one)(buf, new, start)
 
 
 @functools.lru_cache(maxsize=64)

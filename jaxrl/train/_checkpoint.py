@@ -122,15 +122,8 @@ def gather_process_states(local: Any) -> list[Any]:
   process's own (its data-iterator state, the data files it read) reaches process 0 through this
   all-gather and is committed with the rest of the checkpoint. Every process must call it together."""
   text = json.dumps(local)  # key order kept: a fingerprint's files are matched in order
-  if jax.process_count() == 1:
-    return [json.loads(text)]
-  from jax.experimental import multihost_utils
-  data = np.frombuffer(text.encode(), np.uint8)
-  sizes = np.asarray(multihost_utils.process_allgather(np.asarray(data.size, np.int32))).reshape(-1)
-  padded = np.zeros(int(sizes.max()), np.uint8)
-  padded[:data.size] = data
-  rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
-  return [json.loads(bytes(row[:n]).decode()) for row, n in zip(rows, sizes)]
+  got, counts = sharding.allgather_rows({"text": np.frombuffer(text.encode(), np.uint8)})  # one byte a row
+  return [json.loads(bytes(part).decode()) for part in np.split(got["text"], np.cumsum(counts)[:-1])]
 
 
 def own_process_state(saved: Any, *, step: int, what: str, key: Callable[[Any], Any] = lambda s: s) -> Any:

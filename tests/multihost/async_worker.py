@@ -7,19 +7,14 @@ of the samples it trained (``AsyncRLTrainer.trained``, gathered over the process
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
+from multihost_testlib import configure_process
+
 num_processes, process_id, local_devices, port = (int(a) for a in sys.argv[1:5])
 overrides = json.loads(sys.argv[5])
-# Tiny programs: compile fast rather than run fast (both sides of every comparison are compiled alike).
-os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={local_devices} "
-                           "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
-os.environ["JAX_PLATFORMS"] = "cpu"
-if num_processes > 1:
-  os.environ.update(JAXRL_COORDINATOR=f"127.0.0.1:{port}", JAXRL_NUM_PROCESSES=str(num_processes),
-                    JAXRL_PROCESS_ID=str(process_id))
+configure_process(num_processes, process_id, local_devices, port)
 
 import jax  # noqa: E402
 

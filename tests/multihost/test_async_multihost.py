@@ -9,19 +9,16 @@ processes. Both launches of the first test run at once (the machine's cores are 
 """
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from multihost_testlib import ROOT, free_port, wait_json, worker_env
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("async_worker.py")
 TIMEOUT = 1200  # seconds for any one run (compilation on a loaded 2-core machine dominates)
 B, N = 4, 4  # rollout.prompts_per_step, rollout.n
@@ -32,35 +29,16 @@ devices, 12 engine slots (6 per process's engine), decoupled PPO, 2 mini-batches
 RECORDS = ("step", "group", "sample", "request_id", "tokens_crc", "length", "version_min", "version_max")
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _start(processes: int, out_dir: Path, overrides: dict) -> list[subprocess.Popen]:
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-  env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "rl"), str(ROOT), env.get("PYTHONPATH", "")])
-  env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache")
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
   over = json.dumps({**BASE, **overrides, "out_dir": str(out_dir)})
-  port = _free_port()
+  port = free_port()
   return [subprocess.Popen([sys.executable, str(WORKER), str(processes), str(i), str(8 // processes), str(port), over],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(), cwd=ROOT)
           for i in range(processes)]
 
 
 def _wait(procs: list[subprocess.Popen]) -> list[dict]:
-  outs = []
-  try:
-    for p in procs:
-      out, err = p.communicate(timeout=TIMEOUT)
-      assert p.returncode == 0, f"process failed (exit {p.returncode}):\n{err[-4000:]}"
-      outs.append(json.loads(out.strip().splitlines()[-1]))
-  finally:
-    for p in procs:
-      p.kill()
-  return outs
+  return wait_json(procs, TIMEOUT)
 
 
 def _params(out_dir: Path, process: int) -> list[np.ndarray]:

@@ -7,23 +7,20 @@ that names it. Fresh compilations dominate the runtime; they go to JAX's persist
 """
 
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from multihost_testlib import ROOT, free_port, wait_json, worker_env
 from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("trainer_worker.py")
 TIMEOUT = 1200  # seconds for any one run (compilation on a loaded 2-core machine dominates)
 HEARTBEAT = 5  # JAXRL_HEARTBEAT_TIMEOUT of the kill test, in seconds
@@ -43,42 +40,18 @@ NOT_COMPARED = ("time_", "tok_s/", "tok/s", "mfu", "train/micro_batches", "train
 """Metrics that legitimately differ: wall time, and the packing layout (each process packs its own rows)."""
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _env(**extra) -> dict:
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-  env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "rl"), str(ROOT), env.get("PYTHONPATH", "")])
-  env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache")
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
-  env.update(extra)
-  return env
-
-
 def _start(kind, processes, out_dir, overrides, *, until=0, **env):
-  port, local = _free_port(), 8 // processes
+  port, local = free_port(), 8 // processes
   config = str(ROOT / "configs" / f"{'grpo' if kind == 'rl' else 'sft'}_tiny.yaml")
   return [subprocess.Popen([sys.executable, str(WORKER), kind, str(processes), str(i), str(local), str(port),
                             str(until), config, *overrides, f"out_dir={out_dir}"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(**env), cwd=ROOT)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(**env), cwd=ROOT)
           for i in range(processes)]
 
 
 def _run(kind, processes, out_dir, overrides=(), *, until=0) -> list[dict]:
   procs = _start(kind, processes, out_dir, [*(RL if kind == "rl" else SFT), *overrides], until=until)
-  outs = []
-  try:
-    for p in procs:
-      out, err = p.communicate(timeout=TIMEOUT)
-      assert p.returncode == 0, f"process failed (exit {p.returncode}):\n{err[-4000:]}"
-      outs.append(json.loads(out.strip().splitlines()[-1]))
-  finally:
-    for p in procs:
-      p.kill()
-  return outs
+  return wait_json(procs, TIMEOUT)
 
 
 def _weights(out_dir) -> dict[str, np.ndarray]:

@@ -1,0 +1,53 @@
+"""Launching the multi-process tests' workers: the environment they start in, a free coordinator port, and
+waiting for every process's JSON result. Imports no JAX (workers call :func:`configure_process` first)."""
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def worker_env(**extra) -> dict:
+  """The parent's environment minus its device flags, with the test helpers importable and the suite's
+  persistent compilation cache shared."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "rl"), str(ROOT), env.get("PYTHONPATH", "")])
+  env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache")
+  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+  env.update(extra)
+  return env
+
+
+def wait_json(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
+  """Every process's last stdout line, as JSON; a process that fails fails the test with its stderr's end."""
+  outs = []
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=timeout)
+      assert p.returncode == 0, f"process failed (exit {p.returncode}):\n{err[-4000:]}"
+      outs.append(json.loads(out.strip().splitlines()[-1]))
+  finally:
+    for p in procs:
+      p.kill()
+  return outs
+
+
+def configure_process(num_processes: int, process_id: int, local_devices: int, port: int) -> None:
+  """In a worker, before JAX is imported: this many fake CPU devices, compiled for compile speed rather
+  than run speed (both sides of every comparison are compiled alike), and the coordinator's address."""
+  os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={local_devices} "
+                             "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  if num_processes > 1:
+    os.environ.update(JAXRL_COORDINATOR=f"127.0.0.1:{port}", JAXRL_NUM_PROCESSES=str(num_processes),
+                      JAXRL_PROCESS_ID=str(process_id))
