@@ -13,6 +13,7 @@ from jaxrl.models._config import PRESETS, ModelConfig, RopeScaling
 from jaxrl.models._hf import (
     abstract_model,
     cast_params,
+    compute_view,
     check_tokenizer,
     config_from_dir,
     init_model,
@@ -90,6 +91,7 @@ __all__ = [
     "abstract_model",
     "apply_rope",
     "cast_params",
+    "compute_view",
     "check_tokenizer",
     "config_from_dir",
     "convert",

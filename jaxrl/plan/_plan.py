@@ -466,7 +466,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--config", required=True, help="RL recipe YAML")
   p.add_argument("--target", default=None, help=f"one of {sorted(TARGETS)} (default: the recipe's plan.targets)")
   p.add_argument("--layers", type=int, default=None,
-                 help="compile K and 2K scanned layers and extrapolate linearly to the model's layer count")
+                 help="compile K and 2K scanned layers and extrapolate linearly to the model's layer count (a "
+                      "rough estimate: XLA's memory is not linear in depth; without it the full depth compiles, "
+                      "as fast with scanned layers)")
   p.add_argument("--attention", default=None, help="attention_impl (default: the target platform's Pallas kernel)")
   p.add_argument("--programs", default=None, help="comma-separated subset of the registered program groups")
   p.add_argument("--stages", default=None, help="comma-separated context-stage indices to plan (default: all)")

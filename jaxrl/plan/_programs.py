@@ -133,6 +133,7 @@ def build_context(cfg: RLConfig, devices, model_cfg: models.ModelConfig, *,
   rule_axes = rules.mesh_axes("batch")
   trainer = types.SimpleNamespace(
       cfg=cfg, graphdef=graphdef, optimizer=optimizer, schedule=schedule, mesh=mesh, rules=rules, frozen=(),
+      train_dtype=model_cfg.dtype,
       _steps={}, _logprob_programs={}, batch_sharding=sharding.batch_sharding(mesh, rules), procs=1,
       data_parallel=math.prod(mesh.shape[a] for a in rule_axes))
   trainer.logprob_fn = make_logprob_fn(graphdef, temperature=cfg.rollout.temperature,

@@ -90,6 +90,7 @@ class RLTrainer:
     self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
     model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, model.cfg)
+    self.train_dtype = model.cfg.dtype  # the train step differentiates a view of the weights in this dtype
     algo = cfg.algorithm
     optim_cfg, lr_scale = cfg.optim, None
     self.frozen = ()  # extra (non-differentiated) inputs of every forward: the frozen base under LoRA
@@ -342,7 +343,8 @@ class RLTrainer:
       self._steps[key] = train.make_train_step(
           loss_fn,
           self.optimizer, micro_batches=num_micro, mesh=self.mesh, rules=self.rules, schedule=self.schedule,
-          prepare=make_prepare(cfg.algorithm, num_groups=cfg.rollout.prompts_per_step, max_len=max_len))
+          prepare=make_prepare(cfg.algorithm, num_groups=cfg.rollout.prompts_per_step, max_len=max_len),
+          compute_view=lambda p: models.compute_view(p, self.train_dtype))
     return self._steps[key]
 
   def _device(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:

@@ -196,7 +196,8 @@ class SFTTrainer:
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
     self.step_fn = train.make_train_step(
         loss_fn, self.optimizer, micro_batches=cfg.micro_batches,
-        mesh=self.mesh, rules=self.rules, schedule=self.schedule, prepare=sft_prepare(cfg.loss))
+        mesh=self.mesh, rules=self.rules, schedule=self.schedule, prepare=sft_prepare(cfg.loss),
+        compute_view=lambda p, dtype=self.model.cfg.dtype: models.compute_view(p, dtype))
     eval_prepare = sft_prepare(SFTLoss(mode="global_token_mean"))
     self._eval_fn = jax.jit(lambda p, b, *frozen: eval_loss(p, eval_prepare(b), *frozen))
     self.checkpointer = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -75,6 +76,8 @@ def _heartbeat_timeout(env: Mapping[str, str]) -> float:
 
 
 _WATCHDOG: threading.Thread | None = None
+_WATCHDOG_STOP = threading.Event()
+_EXITING = threading.Event()
 
 
 def start_watchdog(timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> None:
@@ -82,7 +85,14 @@ def start_watchdog(timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> None:
   and watches everyone else's. When another process's counter has not moved for ``timeout`` seconds,
   or the coordinator (process 0) cannot be reached, this prints ``jaxrl: lost process K ...`` to
   stderr and ends the process with exit status 1, even while it waits inside a collective: a dead
-  host makes the others stop within about ``timeout`` seconds instead of hanging."""
+  host makes the others stop within about ``timeout`` seconds instead of hanging.
+
+  At interpreter exit (:func:`_shutdown_then_stop`) the watchdog keeps watching while JAX's shutdown
+  barrier waits for every process, so a peer that died makes this one exit with ``lost process K``
+  instead of waiting for the runtime's own time-out; once exiting, an unreachable coordinator is the
+  service going away after the barrier, not a loss. The thread is then stopped and joined before the
+  interpreter finalizes: a daemon thread still inside a coordination-service call at finalization
+  aborts the process (``terminate called ... FATAL: exception not rethrown``)."""
   global _WATCHDOG
   if _WATCHDOG is not None or jax.process_count() == 1:
     return
@@ -94,6 +104,8 @@ def start_watchdog(timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> None:
   interval = max(timeout / 5, 0.05)
 
   def lost(msg: str) -> None:
+    if _WATCHDOG_STOP.is_set():
+      return
     print(f"jaxrl: {msg}; process {me} exits (heartbeat timeout {timeout:g} s, {HEARTBEAT_ENV})",
           file=sys.stderr, flush=True)
     os._exit(1)
@@ -101,7 +113,7 @@ def start_watchdog(timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> None:
   def loop() -> None:
     count = 0
     seen = {p: (None, time.monotonic()) for p in range(n) if p != me}
-    while True:
+    while not _WATCHDOG_STOP.is_set():
       count += 1
       try:
         client.key_value_set(f"jaxrl/heartbeat/{me}", str(count), allow_overwrite=True)
@@ -112,7 +124,8 @@ def start_watchdog(timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> None:
           except Exception:  # noqa: BLE001 - not published yet (start-up) reads as "no change"
             values[p] = None
       except Exception as e:  # noqa: BLE001 - the coordination service itself is gone
-        lost(f"lost process 0 (the coordinator): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        if not _EXITING.is_set():  # exiting: the service shuts down after the barrier; nothing is lost
+          lost(f"lost process 0 (the coordinator): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return
       now = time.monotonic()
       for p, v in values.items():
@@ -122,10 +135,36 @@ def start_watchdog(timeout: float = DEFAULT_HEARTBEAT_TIMEOUT) -> None:
         elif now - since > timeout:
           lost(f"lost process {p}: no heartbeat for {now - since:.0f} s")
           return
-      time.sleep(interval)
+      _WATCHDOG_STOP.wait(interval)
 
+  _WATCHDOG_STOP.clear()
+  _EXITING.clear()
   _WATCHDOG = threading.Thread(target=loop, name="jaxrl-heartbeat", daemon=True)
   _WATCHDOG.start()
+  # atexit runs handlers last-registered first: this one runs before JAX's own exit handler.
+  atexit.register(_shutdown_then_stop, interval + 5.0)
+
+
+def _shutdown_then_stop(join_timeout: float) -> None:
+  """At exit: JAX's exit clean-up (backends, then the distributed shutdown barrier) with the watchdog
+  still watching, then the watchdog stopped and joined. JAX's own handler runs later and finds nothing
+  left to do."""
+  _EXITING.set()
+  try:
+    from jax._src import api as _api
+    _api.clean_up()
+  finally:
+    stop_watchdog(join_timeout)
+
+
+def stop_watchdog(join_timeout: float = 10.0) -> None:
+  """Stops the heartbeat thread and waits for it to leave any coordination-service call."""
+  global _WATCHDOG
+  thread, _WATCHDOG = _WATCHDOG, None
+  if thread is None:
+    return
+  _WATCHDOG_STOP.set()
+  thread.join(join_timeout)
 
 
 def _int_env(env: Mapping[str, str], key: str) -> int:

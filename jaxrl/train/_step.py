@@ -137,6 +137,7 @@ def make_train_step(
     schedule: optax.Schedule | None = None,
     prepare: Callable | None = None,
     donate: bool = True,
+    compute_view: Callable | None = None,
 ):
   """Builds ``step(state, batch, *extra) -> (state, metrics)``, jitted once.
 
@@ -149,12 +150,18 @@ def make_train_step(
   0/1 flag per micro-batch, :func:`accumulate_gradients`). ``extra`` are non-differentiated inputs (frozen base
   weights for LoRA, a reference policy...). Parameters keep ``state_sharding`` on output. Micro-batch rows
   are split over the mesh axes ``rules`` give the logical ``batch`` axis (``batch_axes`` overrides).
+
+  ``compute_view(params) -> params`` (e.g. :func:`jaxrl.models.compute_view` at the compute dtype): the
+  gradients are taken with respect to this view of the parameters, made once per step; they come back
+  float32 and update the parameters as they are stored. Use it only with a view whose gradients equal the
+  stored parameters' (a cast the loss makes anyway): the loops then carry the compute-dtype weights.
   """
   def step(state: TrainState, batch, *extra):
     if prepare is not None:
       batch = prepare(batch)
+    params = state.params if compute_view is None else compute_view(state.params)
     loss, grads, metrics = accumulate_gradients(
-        loss_fn, state.params, batch, *extra, micro_batches=micro_batches, mesh=mesh,
+        loss_fn, params, batch, *extra, micro_batches=micro_batches, mesh=mesh,
         batch_axes=batch_axes, rules=rules, report_nonfinite=True)
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

@@ -159,3 +159,48 @@ def test_unembedding_is_cast_to_the_compute_dtype_for_every_log_prob_path(tied):
   assert stored.get_value().dtype == jnp.float32
   w = jax.eval_shape(lambda: models.Transformer(cfg, rngs=nnx.Rngs(0)).unembed_matrix())
   assert (w.shape, w.dtype) == ((cfg.hidden_size, cfg.vocab_size), jnp.bfloat16)
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_train_step_on_the_compute_view_gives_the_master_weights_update(micro):
+  """``models.compute_view``: the train step differentiates a bf16 view of the float32 weights (what its
+  loops then carry) instead of the float32 weights the model casts at every use. The embedding and the
+  norm scales stay float32; the loss, the gradient norm and the updated float32 weights and Adam moments
+  are those of the plain step (to float32 rounding: XLA fuses the two programs differently), on an FSDP
+  mesh, with and without micro-batches. Casting the norm scales or the embedding too moves the gradients
+  by bf16 rounding (~1e-3), which this catches."""
+  mesh = sharding.make_mesh({"fsdp": 4, "data": 2})
+  cfg = models.ModelConfig.tiny(num_layers=2, vocab_size=64, dtype="bfloat16", param_dtype="float32")
+  graphdef, params = nnx.split(models.init_model(cfg, mesh=mesh, seed=0))
+  view = models.compute_view(params, "bfloat16")
+  dtypes = {"/".join(str(getattr(k, "key", "")) for k in p if getattr(k, "key", None)): x.dtype
+            for p, x in jax.tree_util.tree_leaves_with_path(view)}
+  assert dtypes.pop("embed") == dtypes.pop("final_norm/scale") == jnp.float32
+  assert dtypes.pop("layers/attn_norm/scale") == dtypes.pop("layers/mlp_norm/scale") == jnp.float32
+  assert set(dtypes.values()) == {jnp.dtype(jnp.bfloat16)} and "lm_head" in dtypes, dtypes
+  assert models.compute_view(params, "float32") is not None
+  assert all(a is b for a, b in zip(jax.tree.leaves(models.compute_view(params, "float32")), jax.tree.leaves(params)))
+
+  rng = np.random.default_rng(0)
+  batch = dict(tokens=jnp.asarray(rng.integers(0, 64, (8, 16)), jnp.int32),
+               positions=jnp.broadcast_to(jnp.arange(16, dtype=jnp.int32), (8, 16)),
+               segment_ids=jnp.ones((8, 16), jnp.int32))
+
+  def loss_fn(params, mb):
+    m = nnx.merge(graphdef, params)
+    h = m(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"], return_hidden=True)
+    return -jnp.sum(losses.token_logprobs(h, m.unembed_matrix(), jnp.roll(mb["tokens"], -1, 1))) / 128, {}
+
+  optimizer = train.make_optimizer(train.OptimConfig(lr=1e-3, schedule="constant"), 10)
+  state = train.place_on_mesh(train.init_train_state(params, optimizer), mesh)
+  out = {}
+  for name, view_fn in (("master", None), ("view", lambda p: models.compute_view(p, "bfloat16"))):
+    step = train.make_train_step(loss_fn, optimizer, micro_batches=micro, mesh=mesh, donate=False,
+                                 compute_view=view_fn)
+    out[name] = step(state, batch)
+  (a, ma), (b, mb) = out["master"], out["view"]
+  assert float(ma["loss"]) == float(mb["loss"])
+  np.testing.assert_allclose(float(mb["grad_norm"]), float(ma["grad_norm"]), rtol=2e-6)
+  for x, y in zip(jax.tree.leaves((a.params, a.opt_state)), jax.tree.leaves((b.params, b.opt_state)), strict=True):
+    assert x.dtype == y.dtype
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-9)

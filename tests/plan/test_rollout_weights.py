@@ -76,7 +76,12 @@ def test_target_variants_apply_and_are_validated():
     assert "h100x8" in base.plan.overrides and gpu.rollout.engine.prefill_rows in (6, 8), recipe
     assert gpu.rollout.engine.kv_cache_bytes < base.rollout.engine.kv_cache_bytes, recipe
     tpu = base.plan.targets[0]
-    assert plan.load_recipe(str(CONFIGS / f"{recipe}.yaml"), target=tpu) == base  # no variant: unchanged
+    if tpu not in base.plan.overrides:
+      assert plan.load_recipe(str(CONFIGS / f"{recipe}.yaml"), target=tpu) == base  # no variant: unchanged
+  # AReaL's v5p-8 variant: its one trainer chip trains one 32,768-token row per micro-batch
+  areal = str(CONFIGS / "areal_1p5b.yaml")
+  assert plan.load_recipe(areal).micro_batch.token_budget == 262144
+  assert plan.load_recipe(areal, target="v5p-8").micro_batch.token_budget == 32768
   dapo = str(CONFIGS / "dapo_qwen2p5_7b.yaml")
   assert plan.load_recipe(dapo, target="h100x8").micro_batch.token_budget == 360448
   assert plan.load_recipe(dapo, ["micro_batch.token_budget=180224"], target="h100x8").micro_batch.token_budget == 180224

@@ -1,11 +1,12 @@
 """One training process of the fault-injection suite: ``jaxrl sft|rl`` on 8 fake CPU devices, killed
 with SIGKILL (or sent SIGTERM) at a chosen point.
 
-Run as ``python fault_worker.py KIND FAULT CONFIG [key=value ...]``. ``FAULT`` is ``none`` or
+Run as ``python fault_worker.py KIND FAULT CONFIG [key=value ...]``; KIND is ``sft``, ``rl`` or ``async``
+(``jaxrl rl`` with an ``asynchronous:`` section: the asynchronous trainer). ``FAULT`` is ``none`` or
 ``PHASE:STEP`` with PHASE one of
 
 - ``in_step``: while the step runs (SFT: right after the jitted update is dispatched; RL: after the
-  rollout, before the update),
+  rollout, before the update; asynchronous RL: the batch is taken, the rollout thread is generating),
 - ``in_reward`` (RL): the step's samples are submitted to the reward pool, one is scored, the rest
   are still being scored,
 - ``before_save``: the step is done, its checkpoint not started,
@@ -136,4 +137,4 @@ else:
 
   rl_trainer.RLTrainer._submit = submit
 
-sys.exit(cli.main([kind, "--config", config, *overrides]))
+sys.exit(cli.main(["sft" if kind == "sft" else "rl", "--config", config, *overrides]))
