@@ -6,7 +6,7 @@ Run as ``python fault_worker.py KIND FAULT CONFIG [key=value ...]``; KIND is ``s
 ``PHASE:STEP`` with PHASE one of
 
 - ``in_step``: while the step runs (SFT: right after the jitted update is dispatched; RL: after the
-  rollout, before the update; asynchronous RL: the batch is taken, the rollout thread is generating),
+  rollout, before the update; asynchronous RL: the batch is taken from the rollout thread, before the update),
 - ``in_reward`` (RL): the step's samples are submitted to the reward pool, one is scored, the rest
   are still being scored,
 - ``before_save``: the step is done, its checkpoint not started,
