@@ -10,7 +10,6 @@ def main_rl(argv: list[str] | None = None) -> int:
   """Runs RL from a YAML config plus overrides; returns the exit status (2 on a config error)."""
   from jaxrl import config as config_lib
   from jaxrl.rl._config import RLConfig
-  from jaxrl.rl._trainer import RLTrainer
   parser = argparse.ArgumentParser(prog="jaxrl rl", description="GRPO / DAPO / GRPO+ / decoupled PPO")
   parser.add_argument("--config", help="YAML config file")
   parser.add_argument("--target", default=None,
@@ -33,11 +32,9 @@ def main_rl(argv: list[str] | None = None) -> int:
   if config_cls is not RLConfig:
     from jaxrl.envs import AgenticTrainer
     trainer = AgenticTrainer(cfg)
-  elif cfg.asynchronous is not None:  # AReaL / one-off pipelining on rollout + trainer sub-meshes (docs/async.md)
-    from jaxrl.rl._async import AsyncRLTrainer
-    trainer = AsyncRLTrainer(cfg)
-  else:
-    trainer = RLTrainer(cfg)
+  else:  # with asynchronous: AReaL / one-off pipelining on rollout + trainer sub-meshes (docs/async.md)
+    from jaxrl.rl._async import make_trainer
+    trainer = make_trainer(cfg)
   try:
     out = trainer.run()
   finally:
