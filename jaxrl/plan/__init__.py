@@ -5,9 +5,10 @@ NVIDIA targets the CUDA plugin (``pip install 'jaxrl[plan]'``); neither needs th
 """
 
 from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs
-from jaxrl.plan._plan import Plan, Row, advice, collective_bytes, format_plan, load_recipe, main, plan_recipe
+from jaxrl.plan._measure import Plan, Row, collective_bytes
+from jaxrl.plan._plan import advice, format_plan, load_recipe, main, plan_recipe
 from jaxrl.plan._programs import PROGRAMS, PlanContext, Program, build_context, device_bytes, register_programs
-from jaxrl.plan._targets import TARGETS, Target, TargetUnavailable, get_target
+from jaxrl.targets import TARGETS, Target, TargetUnavailable, get_target
 
 __all__ = [
     "PROGRAMS",

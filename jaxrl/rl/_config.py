@@ -16,6 +16,7 @@ from jaxrl.rewards import RewardRunnerConfig
 from jaxrl.rl import _validate
 from jaxrl.rl._critic import CriticConfig
 from jaxrl.rl._async_config import AsyncConfig
+from jaxrl.targets import TARGETS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -328,7 +329,6 @@ class PlanSection:
     if self.preset is not None and self.preset not in models.PRESETS:
       raise ValueError(f"plan.preset: unknown {self.preset!r}; known: {sorted(models.PRESETS)}")
     for target, changes in self.overrides.items():
-      from jaxrl.plan._targets import TARGETS
       if target not in TARGETS:
         raise ValueError(f"plan.overrides: unknown target {target!r}; known: {sorted(TARGETS)}")
       for key in changes:
@@ -338,7 +338,6 @@ class PlanSection:
   def for_target(self, target: str) -> list[str]:
     """``key=value`` overrides of ``target`` (none when the recipe has none for it)."""
     import yaml
-    from jaxrl.plan._targets import TARGETS
     if target not in TARGETS:
       raise ValueError(f"--target: unknown {target!r}; known: {sorted(TARGETS)}")
     dump = lambda v: yaml.safe_dump(v, default_flow_style=True).removesuffix("\n...\n").strip()

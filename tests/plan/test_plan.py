@@ -45,7 +45,7 @@ def test_collective_bytes_parses_hlo_results():
 
 
 def test_extrapolation_is_linear_in_layers_and_refuses_shrinking_bytes():
-  from jaxrl.plan._plan import GiB, _extrapolate
+  from jaxrl.plan._measure import GiB, _extrapolate
   small = plan.Row(program="p", status="ok", params=1 * GiB, temporaries=10 * GiB, model_flops=3.0)
   big = plan.Row(program="p", status="ok", params=2 * GiB, temporaries=8 * GiB, model_flops=5.0)
   row = _extrapolate(small, big, 1, 28, plan.get_target("cpu"))
