@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from jaxrl.config import ConfigError
+
 ENV = "JAXRL_XLA_CACHE"
 OFF = ("off", "0", "none", "false")
 MIN_COMPILE_SECONDS = 0.0
@@ -56,7 +58,6 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
   try:
     directory.mkdir(parents=True, exist_ok=True)
   except OSError as e:
-    from jaxrl.config import ConfigError
     raise ConfigError(f"{ENV} / --xla-cache: cannot create the compilation cache directory {directory}: {e}") from e
   jax.config.update("jax_compilation_cache_dir", str(directory))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
@@ -76,7 +77,6 @@ def from_argv(argv: list[str]) -> list[str]:
     path, argv = argv[0].split("=", 1)[1], argv[1:]
   elif argv and argv[0] == "--xla-cache":
     if len(argv) < 2:
-      from jaxrl.config import ConfigError
       raise ConfigError("--xla-cache needs a directory or 'off'")
     path, argv = argv[1], argv[2:]
   enable_compilation_cache(path)

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jaxrl.bench._harness import BENCHMARKS, harness
+
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 8, 8, 32, 64
 TINY = dict(vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
             head_dim=32)
@@ -70,11 +72,11 @@ WORKLOADS = {
     "0.5b": Workload(2, 4, 16, 16, {}, steps=2, interleave=False, shared_model=True),
 }
 PEERS = {
-    # name: (worker file next to this module, pinned requirements of its virtualenv)
-    "trl": ("_rl_trl.py", ["torch==2.13.0", "trl==1.16.0", "transformers==5.24.0", "accelerate==1.16.0",
+    # name: (worker script in the repository's benchmarks/, pinned requirements of its virtualenv)
+    "trl": (BENCHMARKS / "rl_trl.py", ["torch==2.13.0", "trl==1.16.0", "transformers==5.24.0", "accelerate==1.16.0",
                            "datasets==5.2.0"]),
     # The Tunix pins are the versions its 0.1.7 resolves to next to jaxrl's own jax/flax.
-    "tunix": ("_rl_tunix.py", ["google-tunix==0.1.7", "jax==0.10.2", "jaxlib==0.10.2", "flax==0.12.8",
+    "tunix": (BENCHMARKS / "rl_tunix.py", ["google-tunix==0.1.7", "jax==0.10.2", "jaxlib==0.10.2", "flax==0.12.8",
                                "optax==0.2.8", "qwix==0.1.8", "transformers==5.12.1", "safetensors==0.7.0",
                                "numpy==2.4.6"]),
 }
@@ -373,13 +375,12 @@ def run(work: Path, *, steps: int, peers: list[str], sampling: bool = True, mode
   wl = WORKLOADS[workload]
   spec = write_workload(work, model=model, workload=wl)
   argvs = {"jaxrl": [sys.executable, "-m", "jaxrl.bench.rl", "--worker"]}
-  here = Path(__file__).parent
   for name in peers:
     py = peer_python(name)
     if not py.exists():
       log(f"{name}: no virtualenv at {py.parent.parent} (create it with `jaxrl bench rl --setup {name}`); skipped")
       continue
-    argvs[name] = [str(py), str(here / PEERS[name][0])]
+    argvs[name] = [str(py), str(harness(PEERS[name][0]))]
   results: dict[str, Any] = {"frameworks": {}}
   sampling = sampling and workload == "tiny"  # the sampling figures are the tiny model's
 

@@ -20,7 +20,7 @@ the rollout engine (:class:`jaxrl.sampling.Engine`, per-row lengths, continuous 
 whole-batch sampler (every row runs to the longest length; only each row's own tokens count) and,
 HF transformers (``generate_batch``'s continuous batching where it exists, each row with its own
 length; else ``generate``, a whole batch like the sampler), run in the TRL peer virtualenv of
-``jaxrl bench rl`` (``jaxrl bench rl --setup trl``) as a subprocess (``jaxrl/bench/_sample_hf.py``)
+``jaxrl bench rl`` (``jaxrl bench rl --setup trl``) as a subprocess (``benchmarks/sample_hf.py``)
 and reported skipped when that virtualenv does not exist. Reported: real (counted) tokens per
 second of each, after a warm-up pass that compiles.
 
@@ -39,6 +39,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from jaxrl.bench._harness import BENCHMARKS, harness
 
 SHAPES = ("tiny", "qwen2p5_0p5b")
 
@@ -178,7 +180,7 @@ def _has_torch() -> bool:
 
 def hf_long_tail(model, prompts, lengths, n, *, slots: int = 16, timeout: float = 3600) -> dict:
   """HF transformers on the long tail, in the TRL peer virtualenv (torch CPU + transformers; see
-  ``jaxrl bench rl --setup trl``) as a subprocess (``jaxrl/bench/_sample_hf.py``): the same weights
+  ``jaxrl bench rl --setup trl``) as a subprocess (``benchmarks/sample_hf.py``): the same weights
   (written to a temporary HF directory), prompts and per-row lengths, temperature 1. Returns its
   JSON answer, or ``{"skipped": reason}`` when that virtualenv does not exist."""
   import subprocess
@@ -195,7 +197,7 @@ def hf_long_tail(model, prompts, lengths, n, *, slots: int = 16, timeout: float 
     spec.write_text(json.dumps({"hf_dir": str(Path(tmp) / "model"), "prompts": [list(map(int, p)) for p in prompts],
                                 "lengths": [int(k) for k in lengths], "n": int(n), "slots": int(slots),
                                 "threads": os.cpu_count() or 1}))
-    proc = subprocess.run([str(py), str(Path(__file__).parent / "_sample_hf.py"), str(spec)], capture_output=True,
+    proc = subprocess.run([str(py), str(harness(BENCHMARKS / "sample_hf.py")), str(spec)], capture_output=True,
                           text=True, timeout=timeout)
   lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
   if proc.returncode or not lines:

@@ -541,13 +541,13 @@ def expected_score(top_logprobs: Sequence[Mapping[str, float]], *, lo: int = 0, 
 # --------------------------------------------------------------------------------------------------
 
 class _ServeProcess:
-  """``python -m jaxrl.serve._cli --model DIR --port 0 ...`` in a subprocess, up and listening."""
+  """``python -m jaxrl.cli.serve --model DIR --port 0 ...`` in a subprocess, up and listening."""
 
   def __init__(self, launch: JudgeLaunch, *, served_name: str):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "jaxrl.serve._cli", "--model", launch.model, "--port", "0",
+    cmd = [sys.executable, "-m", "jaxrl.cli.serve", "--model", launch.model, "--port", "0",
            "--served-model-name", served_name, "--max-len", str(launch.max_len),
            "--max-batch-rows", str(launch.max_batch_rows), "--batch-wait-ms", str(launch.batch_wait_ms),
            "--max-top-logprobs", str(launch.max_top_logprobs)]

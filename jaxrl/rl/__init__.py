@@ -2,10 +2,9 @@
 
 ``RLTrainer(RLConfig).run()`` samples with :class:`jaxrl.sampling.Sampler` on the trainer's parameters,
 scores with a reward function (:mod:`jaxrl.rewards`), computes advantages and updates the policy with
-losses chosen by name from :mod:`jaxrl.losses`. ``jaxrl rl --config FILE`` is :func:`main_rl`.
+losses chosen by name from :mod:`jaxrl.losses`. ``jaxrl rl --config FILE`` is :mod:`jaxrl.cli.rl`.
 """
 
-from jaxrl.rl._cli import main_rl
 from jaxrl.rl._config import (
     AlgorithmConfig,
     BuiltinPrompts,
@@ -64,7 +63,6 @@ __all__ = [
     "informative_groups",
     "load_prompt_sets",
     "loss_mask",
-    "main_rl",
     "make_logprob_fn",
     "make_loss_fn",
     "make_prepare",

@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from jaxrl import sampling
-from jaxrl.serve import _cli
+from jaxrl.cli import serve as _cli
 
 
 def test_engine_backend_from_the_cli(tiny_dir, tiny_sampler):
