@@ -40,7 +40,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jaxrl import _cache
+from jaxrl import config as config_lib
+from jaxrl import models, rl, sampling
 from jaxrl.bench._harness import BENCHMARKS, harness
+from jaxrl.sampling import sample_logits
+
 
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 8, 8, 32, 64
 TINY = dict(vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -148,7 +153,6 @@ def _write_model(cfg, hf_dir: Path, seed: int) -> None:
   if (hf_dir / MODEL_MARKER).exists():
     return
   import shutil
-  from jaxrl import models
   tmp = hf_dir.with_name(hf_dir.name + ".partial")
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +168,6 @@ def write_workload(root: Path, *, model: dict[str, int] | None = None, seed: int
   returns their paths. ``model`` overrides the workload's model shape (the model is then written
   under ``root``, never shared). (The tokenizer has its own directory: next to a ``qwen2``
   config.json, ``AutoTokenizer`` would take it for a Qwen2 BPE tokenizer.)"""
-  from jaxrl import models
   wl = workload or WORKLOADS["tiny"]
   cfg = models.ModelConfig.qwen2p5_0p5b(**{**wl.model, **(model or {})}, dtype="float32", param_dtype="float32")
   hf_dir = shared_model_dir(cfg, seed) if wl.shared_model and not model else root / "model"
@@ -190,8 +193,6 @@ class JaxrlWorker:
 
   def setup(self, *, n_prompts: int = PROMPTS, samples: int = SAMPLES, prompt_tokens: int = PROMPT_TOKENS,
             new_tokens: int = NEW_TOKENS, **spec: Any) -> dict[str, Any]:
-    from jaxrl import config as config_lib
-    from jaxrl import rl, sampling
     data = {
         "model": {"hf_dir": spec["hf_dir"]}, "tokenizer": spec["tokenizer"],
         "data": {"train": [spec["prompts"]], "builtin": None, "max_prompt_tokens": prompt_tokens},
@@ -229,7 +230,6 @@ class JaxrlWorker:
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxrl.sampling import sample_logits
     rows, vocab = PROMPTS * SAMPLES, TINY["vocab_size"]
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(rows, vocab)).astype(np.float32))
     keys = jax.random.split(jax.random.key(0), rows)
@@ -439,7 +439,6 @@ def main(argv: list[str]) -> int:
   ns = p.parse_args(argv)
   if ns.worker:
     if os.environ.get(XLA_CACHE_ENV):
-      from jaxrl import _cache
       _cache.enable_compilation_cache(os.environ[XLA_CACHE_ENV])
     return serve(JaxrlWorker())
   if ns.setup is not None:

@@ -40,13 +40,14 @@ import time
 
 import numpy as np
 
+from jaxrl import models, sampling
+from jaxrl.bench import rl as bench_rl
 from jaxrl.bench._harness import BENCHMARKS, harness
 
 SHAPES = ("tiny", "qwen2p5_0p5b")
 
 
 def _config(name: str):
-  from jaxrl import models
   if name == "tiny":
     return models.ModelConfig.tiny()
   return getattr(models.ModelConfig, name)()
@@ -55,8 +56,6 @@ def _config(name: str):
 def _bench_shape(name: str, *, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int) -> dict:
   import torch
   import transformers
-
-  from jaxrl import models, sampling
 
   cfg = _config(name)
   model = models.init_model(cfg, seed=seed)
@@ -106,8 +105,6 @@ def _bench_shape(name: str, *, batch: int, prompt_len: int, new_tokens: int, rep
 
 
 def _bench_stream(num: int, seed: int) -> dict:
-  from jaxrl import models, sampling
-
   cfg = models.ModelConfig.tiny(vocab_size=520)  # its own programs, not shared with the run above
   sampler = sampling.Sampler(models.init_model(cfg, seed=seed), None, max_len=256, eos_token_ids=[])
   rng = np.random.default_rng(seed)
@@ -126,8 +123,6 @@ def _bench_stream(num: int, seed: int) -> dict:
 
 
 def _bench_long_tail(num: int, *, n: int, median: int, slots: int, seed: int) -> dict:
-  from jaxrl import models, sampling
-
   cfg = models.ModelConfig.tiny(vocab_size=512)
   model = models.init_model(cfg, seed=seed)
   rng = np.random.default_rng(seed)
@@ -186,8 +181,6 @@ def hf_long_tail(model, prompts, lengths, n, *, slots: int = 16, timeout: float 
   import subprocess
   from pathlib import Path
 
-  from jaxrl import models
-  from jaxrl.bench import rl as bench_rl
   py = bench_rl.peer_python("trl")
   if not py.exists():
     return {"skipped": f"no TRL virtualenv at {py.parent.parent} (create it with `jaxrl bench rl --setup trl`)"}
