@@ -1,4 +1,8 @@
-"""SFT data: Grain sources, chat-template tokenisation with loss masks, sequence packing, tasks."""
+"""SFT data: Grain sources, chat-template tokenisation with loss masks, sequence packing, tasks.
+
+Layer (docs/design.md): may import ``models`` (the tokenizer) and the layers below; not ``losses`` or anything
+above.
+"""
 
 from jaxrl.data._chat import encode_chat, encode_prompt, encode_record
 from jaxrl.data._packing import (

@@ -10,6 +10,8 @@
   the loss; ``arpo=ArpoConfig(...)`` adds entropy-based branching (:mod:`jaxrl.envs._arpo`).
 * :class:`AgenticTrainer` / :class:`AgenticRLConfig`: the RL trainer driven by an environment
   (``jaxrl rl`` picks them when the config has an ``env:`` section). See ``docs/agentic.md``.
+
+Layer (docs/design.md): may import ``rl`` and the layers below; not ``plan``, ``serve``, ``bench`` or ``cli``.
 """
 
 from jaxrl.envs._arpo import ArpoConfig, branch_probability, entropy_delta, shared_prefix_ids

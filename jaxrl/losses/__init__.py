@@ -8,6 +8,9 @@ over tokens or samples is folded into per-token weights computed once per global
 
 The advantage estimator and the policy objective both called ``gpg`` are exported as
 ``gpg_advantage`` and ``gpg_objective``; the registries use the plain name.
+
+Layer (docs/design.md): may import ``models`` and the layers below (it needs only JAX); not ``data`` or
+anything above.
 """
 
 from jaxrl.losses._advantages import (

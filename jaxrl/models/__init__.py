@@ -7,6 +7,8 @@ Example::
     model = models.load_pretrained(hf_dir, mesh=mesh, dtype="float32")
     logits = model(tokens, positions=positions, segment_ids=segment_ids)  # [B, T, V] float32
     models.save_pretrained(model, out_dir, tokenizer=models.load_tokenizer(hf_dir))
+
+Layer (docs/design.md): may import ``kernels``, ``sharding`` and ``config``; nothing above.
 """
 
 from jaxrl.models._config import PRESETS, ModelConfig, RopeScaling

@@ -2,6 +2,9 @@
 
 ``jaxrl plan --config RECIPE --target v5p-8`` (docs/scaling.md). TPU targets need ``libtpu`` and
 NVIDIA targets the CUDA plugin (``pip install 'jaxrl[plan]'``); neither needs the hardware.
+
+Layer (docs/design.md): may import ``envs``, ``rl`` and the layers below (``jaxrl.targets`` for the hardware);
+not ``cli``.
 """
 
 from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs

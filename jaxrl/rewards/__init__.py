@@ -3,6 +3,9 @@
 A reward function is ``fn(prompt, completion, **sample_fields) -> float | RewardResult``; load one
 by import path with `load_reward` and score batches with `RewardRunner`. Nothing here needs JAX.
 See ``docs/rewards.md``.
+
+Layer (docs/design.md): may import ``sampling`` and the layers below (it needs only ``config``); not ``train``
+or anything above.
 """
 
 from jaxrl.rewards._autorubric import (

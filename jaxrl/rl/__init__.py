@@ -3,6 +3,9 @@
 ``RLTrainer(RLConfig).run()`` samples with :class:`jaxrl.sampling.Sampler` on the trainer's parameters,
 scores with a reward function (:mod:`jaxrl.rewards`), computes advantages and updates the policy with
 losses chosen by name from :mod:`jaxrl.losses`. ``jaxrl rl --config FILE`` is :mod:`jaxrl.cli.rl`.
+
+Layer (docs/design.md): may import ``sft``, ``latent``, ``train`` and the layers below; not ``envs``,
+``plan``, ``serve``, ``bench`` or ``cli``.
 """
 
 from jaxrl.rl._config import (

@@ -14,6 +14,9 @@ Example::
     out = sampling.latent_sample(model, prompts_ending_in_bot, thoughts=2, eot=eot_id, eos=eos_id, pad=0,
                                  max_new_tokens=16, temperature=1.0)      # Coconut: continuous thoughts first
     out = sampler.generate(prompts_ending_in_bot, n=4, thoughts=2, eot=eot_id)  # the same, in the Sampler
+
+Layer (docs/design.md): may import ``losses``, ``data``, ``models``, ``kernels``, ``sharding``, ``config``;
+nothing above.
 """
 
 from jaxrl.sampling._decode import decode_step

@@ -1,4 +1,8 @@
-"""Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging."""
+"""Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging.
+
+Layer (docs/design.md): may import ``rewards``, ``sampling`` and the layers below; not the trainers or
+anything above.
+"""
 
 from jaxrl.train._checkpoint import (
     CheckpointConfig,
