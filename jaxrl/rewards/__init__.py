@@ -43,18 +43,13 @@ from jaxrl.rewards._math import (
   math_reward,
   normalize_answer,
 )
-from jaxrl.rewards._judge import (
-  PROVIDERS,
-  Judge,
-  JudgeConfig,
+from jaxrl.rewards._judge import PROVIDERS, Judge, JudgeConfig, ProviderProfile, close_judges, get_judge
+from jaxrl.rewards._judge_launch import JudgeLaunch
+from jaxrl.rewards._judge_parse import (
   JudgeError,
-  JudgeLaunch,
   JudgeResponse,
   JudgeScoreError,
-  ProviderProfile,
-  close_judges,
   expected_score,
-  get_judge,
   parse_choice,
   parse_score,
 )

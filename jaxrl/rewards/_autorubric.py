@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl.rewards._judge import get_judge, parse_choice
+from jaxrl.rewards._judge import get_judge
+from jaxrl.rewards._judge_parse import parse_choice
 
 __all__ = [
   "HashingEmbedder",
