@@ -9,7 +9,8 @@ from typing import Any
 from jax.sharding import Mesh
 
 from jaxrl.models._config import PRESETS, ModelConfig
-from jaxrl.models._hf import abstract_model, config_from_dir, init_model, load_pretrained
+from jaxrl.models._hf import config_from_dir, load_pretrained
+from jaxrl.models._placement import abstract_model, init_model, state_shardings
 from jaxrl.sharding import LogicalRules
 
 
@@ -61,7 +62,6 @@ class ModelSource:
 def describe_model_section(section: dict[str, Any], mesh: Mesh, rules: LogicalRules) -> list[str]:
   """Lines for ``jaxrl info``: the model's shapes, size and per-parameter shardings (no weights)."""
   from jaxrl import config as config_lib
-  from jaxrl.models._hf import state_shardings
   from flax import nnx
   source = config_lib.from_dict(ModelSource, section, prefix="model")
   cfg = source.config()

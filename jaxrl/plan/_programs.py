@@ -20,8 +20,8 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl import models, sharding, train
-from jaxrl.models._hf import state_shardings
+from jaxrl import models, sampling, sharding, train
+from jaxrl.models._placement import state_shardings
 from jaxrl.rl._config import RLConfig
 from jaxrl.rl._loss import make_logprob_fn
 from jaxrl.rl._packing import pack_sequences
@@ -264,20 +264,19 @@ def sampler_programs(ctx: PlanContext) -> list[Program]:
   """``Sampler.generate``'s prefill and decode at the rollout shapes of each stage (one chunk of
   ``prompts_per_step / reward_overlap_chunks`` prompts, ``n`` samples each, the full length budget);
   none when the recipe rolls out on the engine (``rollout.engine``, see :mod:`jaxrl.plan._engine`)."""
-  from jaxrl.sampling import _sampler
   cfg = ctx.cfg
   if cfg.rollout.engine is not None:
     return []
   r = cfg.rollout
   mc = ctx.model_cfg
-  programs = _sampler._programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(mc.dtype), r.decode_impl)
+  programs = sampling.sampler_programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(mc.dtype), r.decode_impl)
   dp = math.prod(ctx.mesh.shape[a] for a in ctx.rules.mesh_axes("cache_batch"))
   params, master = rollout_params(ctx)
   out = []
   for st, tag in _distinct(ctx.stages, lambda s: (s.max_new, s.n)):
     prompts = -(-r.prompts_per_step // r.reward_overlap_chunks)
-    p_bucket = _sampler.length_bucket(cfg.data.max_prompt_tokens)
-    g_bucket = _sampler.length_bucket(st.max_new)
+    p_bucket = sampling.length_bucket(cfg.data.max_prompt_tokens)
+    g_bucket = sampling.length_bucket(st.max_new)
     u, rows = _row_bucket(prompts, dp), _row_bucket(prompts * st.n, dp)
     row = lambda dtype: jax.ShapeDtypeStruct((rows,), dtype, sharding=programs.row_sharding(1))
     repl = NamedSharding(ctx.mesh, PartitionSpec())
@@ -297,8 +296,8 @@ def sampler_programs(ctx: PlanContext) -> list[Program]:
     out.append(Program(name=f"sampler_prefill[{tag}]", fn=programs.prefill, args=(params, seed),
                        kwargs=kwargs, parts={"params": (params, master), "batch": (seed, kwargs)}, outputs=rows_abs.cache,
                        flops=prefill_flops, note=shape))
-    stops = _sampler._Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
-                            jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
+    stops = sampling.Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
+                           jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)
     decode_flops = mc.flops_per_token(p_bucket + g_bucket, training=False) * rows * g_bucket
     out.append(Program(name=f"sampler_decode[{tag}]", fn=programs.decode,

@@ -19,19 +19,27 @@ Layer (docs/design.md): may import ``losses``, ``data``, ``models``, ``kernels``
 nothing above.
 """
 
+from jaxrl.models import cache_block_bytes, cache_shards
 from jaxrl.sampling._decode import decode_step
-from jaxrl.sampling._engine import Completion, Engine, EngineMetrics, Request
+from jaxrl.sampling._engine import (
+    Completion,
+    Engine,
+    EngineMetrics,
+    budget_blocks,
+    check_pool,
+    context_bucket,
+    paged_impl_for,
+    prefill_batch_rows,
+)
+from jaxrl.sampling._engine import _programs as engine_programs
 from jaxrl.sampling._latent import LatentSample, latent_sample
 from jaxrl.sampling._layers import unstack_layers
 from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask
-from jaxrl.sampling._sampler import (
-    FINISH_REASONS,
-    SampleOutput,
-    Sampler,
-    SamplerState,
-    TopLogprobs,
-    length_bucket,
-)
+from jaxrl.sampling._paged import blocks_for
+from jaxrl.sampling._requests import FINISH_REASONS, Request, Stops, length_bucket
+from jaxrl.sampling._rows import SampleOutput, SamplerState, TopLogprobs
+from jaxrl.sampling._sampler import Sampler
+from jaxrl.sampling._sampler import _programs as sampler_programs
 
 __all__ = [
     "Completion",
@@ -39,17 +47,28 @@ __all__ = [
     "EngineMetrics",
     "FINISH_REASONS",
     "LatentSample",
-    "SampleOutput",
     "Request",
+    "SampleOutput",
     "Sampled",
     "Sampler",
     "SamplerState",
+    "Stops",
     "TopLogprobs",
+    "blocks_for",
+    "budget_blocks",
+    "cache_block_bytes",
+    "cache_shards",
+    "check_pool",
+    "context_bucket",
     "decode_step",
+    "engine_programs",
     "entropy",
     "latent_sample",
     "length_bucket",
+    "paged_impl_for",
+    "prefill_batch_rows",
     "sample_logits",
+    "sampler_programs",
     "top_logprobs",
     "truncation_mask",
     "unstack_layers",

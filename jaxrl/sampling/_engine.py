@@ -50,10 +50,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -62,38 +60,36 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import kernels, models
-from jaxrl.models._transformer import _write_rows
-from jaxrl.sampling import _decode, _layers
-from jaxrl.sampling import _sampler as _s
+from jaxrl.models import cache_block_bytes, cache_shards
+from jaxrl.sampling import _layers
 from jaxrl.sampling._paged import BlockPool, blocks_for
+from jaxrl.sampling._requests import (
+    FINISH_REASONS,
+    Request,
+    build_stops,
+    check_token,
+    encode_prompts,
+    gather_prompts,
+    length_bucket,
+    next_pow2,
+    per_prompt,
+    special_tokens,
+    stop_string_end,
+)
+from jaxrl.sampling._rows import Rows, SampleOutput, TopLogprobs, decode_loop, emit, process_rows
 from jaxrl.sharding import LogicalRules
 
-_PAGE_AXES = ("layers", "cache_batch", None, "cache_kv_heads", "head_dim")  # [L, NB, bs, K, H]
 _PAGED_IMPL = {"reference": "reference", "pallas_triton": "pallas_triton", "pallas_tpu": "pallas_tpu"}
+
+
+def paged_impl_for(attention_impl: str) -> str:
+  """The paged-attention kernel the engine uses for a model's ``attention_impl`` (``auto`` when it has no
+  paged twin: the backend picks)."""
+  return _PAGED_IMPL.get(attention_impl, "auto")
 
 
 # --------------------------------------------------------------------------------------------------
 # Requests and completions
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Request:
-  """One prompt to complete ``n`` times (samples ``0..n-1``)."""
-
-  prompt: Sequence[int] | str
-  n: int = 1
-  max_new_tokens: int = 64
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  min_p: float = 0.0
-  seed: int = 0
-  request_id: int = 0
-  "With the seed, fixes the row's draws (as ``request_ids`` in :meth:`Sampler.generate`)."
-  top_logprobs: int = 0
-  "Also return the ``k`` most likely tokens per step (at most the engine's ``max_top_logprobs``)."
-  entropy: bool = False
-  "Also return the per-token entropy of ``softmax(logits / T)`` (needs an engine with ``entropy=True``)."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,50 +173,24 @@ class _Job:
   done: int = 0  # tokens of ``seq`` cached so far
 
 
-class _Slots(NamedTuple):
-  """Device state of every decode slot (``S`` = ``num_slots``, ``G`` = ``max_len``)."""
-
-  tables: jax.Array  # [S, MB] int32
-  prompt_len: jax.Array  # [S] int32
-  prompt_last: jax.Array  # [S] int32: the last prompt token (pending before the first decode step)
-  tokens: jax.Array  # [S, G] int32
-  logprobs: jax.Array  # [S, G] float32
-  sampling_logprobs: jax.Array  # [S, G] float32
-  versions: jax.Array  # [S, G] int32
-  n_gen: jax.Array  # [S] int32
-  done: jax.Array  # [S] bool (free slots are done)
-  reason: jax.Array  # [S] int32
-  keys: jax.Array  # [S] PRNG keys
-  temperature: jax.Array  # [S] float32
-  top_k: jax.Array  # [S] int32
-  top_p: jax.Array  # [S] float32
-  min_p: jax.Array  # [S] float32
-  max_new: jax.Array  # [S] int32
-  entropy: jax.Array | None = None  # [S, G] float32 (an engine built with entropy=True)
-  top_ids: jax.Array | None = None  # [S, G, k] int32 (k = the engine's max_top_logprobs)
-  top_values: jax.Array | None = None  # [S, G, k] float32
-
-
-def cache_block_bytes(cfg: models.ModelConfig, block_size: int, dtype) -> int:
-  """Bytes of one cache block (keys and values of every layer), over all devices."""
-  return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
-
-
-def cache_shards(cfg: models.ModelConfig, mesh: Mesh | None, rules: LogicalRules) -> tuple[int, int]:
-  """``(dp, tp)``: the pool's blocks split over the cache-batch axes (``dp`` shards), each block's kv
-  heads over the cache-kv-head axes when they divide the kv heads (``tp``, else 1)."""
-  if mesh is None:
-    return 1, 1
-  dp = math.prod(mesh.shape[a] for a in rules.mesh_axes("cache_batch"))
-  heads = [a for a in rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1]
-  size = math.prod(mesh.shape[a] for a in heads) if heads else 1
-  return dp, size if cfg.num_kv_heads % size == 0 else 1
-
-
 def budget_blocks(bytes_per_device: int, block_bytes: int, dp: int, tp: int) -> int:
   """Blocks of the whole pool that ``bytes_per_device`` buys on every device (a multiple of ``dp``)."""
   num_blocks = int(bytes_per_device // (block_bytes // tp)) * dp
   return num_blocks - num_blocks % dp
+
+
+def check_pool(num_slots: int, shards: int, num_blocks: int, max_len: int, block_size: int, *,
+               budget: str = "") -> str | None:
+  """The engine's refusal of a pool layout, or None: ``num_slots`` not a multiple of the cache-batch
+  ``shards``, or a pool shard (``num_blocks // shards`` blocks) that cannot hold one row of ``max_len``
+  plus one block of look-ahead. ``budget`` says where ``num_blocks`` came from (for the message)."""
+  if num_slots % shards:
+    return f"num_slots: {num_slots} is not a multiple of the cache-batch shards ({shards})"
+  need = blocks_for(max_len, block_size) + 1
+  if num_blocks // shards < need:
+    return (f"kv cache: {num_blocks // shards} blocks per shard{f' ({budget})' if budget else ''} cannot hold one "
+            f"row of max_len={max_len} ({need} blocks of {block_size}); raise the budget or lower max_len")
+  return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -315,16 +285,14 @@ class Engine:
     self.block_size = block_size
     self.steps_per_call = steps_per_call
     self.prefill_rows = prefill_rows
-    self.eos_token_ids, self.pad_token_id = _s.special_tokens(tokenizer, eos_token_ids, pad_token_id,
-                                                              self._check_token)
+    self.eos_token_ids, self.pad_token_id = special_tokens(
+        tokenizer, eos_token_ids, pad_token_id, functools.partial(check_token, tokenizer, self.cfg.vocab_size))
     self.unstack_layers = jax.default_backend() == "cpu" if unstack_layers is None else bool(unstack_layers)
-    self.paged_impl = paged_impl or _PAGED_IMPL.get(self.cfg.attention_impl, "auto")
+    self.paged_impl = paged_impl or paged_impl_for(self.cfg.attention_impl)
     if self.paged_impl not in kernels.PAGED_IMPLS:
       raise ValueError(f"paged_impl: {self.paged_impl!r} is not one of {list(kernels.PAGED_IMPLS)}")
 
     self.dp, tp = cache_shards(self.cfg, mesh, self.rules)
-    if num_slots % self.dp:
-      raise ValueError(f"num_slots: {num_slots} is not a multiple of the cache-batch shards ({self.dp})")
     self.num_slots = num_slots
     self.max_blocks = blocks_for(max_len, block_size)
     self.block_bytes = cache_block_bytes(self.cfg, block_size, self.cache_dtype)
@@ -348,12 +316,10 @@ class Engine:
     elif isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
       raise ValueError(f"num_blocks: must be a positive int, got {num_blocks!r}")
     num_blocks -= num_blocks % self.dp
-    need = self.max_blocks + 1
-    if num_blocks // self.dp < need:
-      raise ValueError(
-          f"kv cache: {num_blocks // self.dp} blocks per shard (budget {kv_cache_bytes or num_blocks} "
-          f"{'bytes per device' if kv_cache_bytes else 'blocks'}) cannot hold one row of max_len={max_len} "
-          f"({need} blocks of {block_size}); raise the budget or lower max_len")
+    bad = check_pool(num_slots, self.dp, num_blocks, max_len, block_size, budget=(
+        f"budget {kv_cache_bytes or num_blocks} {'bytes per device' if kv_cache_bytes else 'blocks'}"))
+    if bad:
+      raise ValueError(bad)
     self.num_blocks = num_blocks
     self.kv_cache_bytes_per_device = num_blocks // self.dp * (self.block_bytes // tp)
 
@@ -366,7 +332,7 @@ class Engine:
                                self.num_blocks, self.block_size, row_tile, max_top_logprobs, self.entropy)
     self.pages, self.slots = self._programs.init()
     self.pool = BlockPool(num_blocks, self.dp)
-    self._stops, self._stop_strings = _s.Sampler._stops(self, (), ())
+    self._stops, self._stop_strings = build_stops(self.tokenizer, self.cfg.vocab_size, self.eos_token_ids, (), ())
     self._stop_key: tuple = ((), ())
     self._waiting: collections.deque[_Row] = collections.deque()
     self._running: dict[int, _Row] = {}  # slot -> row
@@ -423,7 +389,8 @@ class Engine:
     for r in requests:
       if not isinstance(r, Request):
         raise TypeError(f"submit: expected Request objects, got {type(r).__name__}")
-    prompts = _s.Sampler._encode_prompts(self, [r.prompt for r in requests]) if requests else []
+    prompts = encode_prompts(self.tokenizer, [r.prompt for r in requests], vocab_size=self.cfg.vocab_size,
+                             max_len=self.max_len, add_special_tokens=self.add_special_tokens) if requests else []
     if check:
       _check_same_everywhere(requests, prompts)
     k = 0
@@ -502,7 +469,7 @@ class Engine:
                min_p=0.0, seed: int = 0, request_ids: Sequence[int] | None = None,
                stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = (),
                return_top_logprobs: int = 0, return_entropy: bool = False, max_steps: int | None = None,
-               return_state: bool = False) -> _s.SampleOutput:
+               return_state: bool = False) -> SampleOutput:
     """:meth:`jaxrl.sampling.Sampler.generate`'s contract, served by the engine (same rows, same draws).
 
     ``return_top_logprobs`` needs an engine built with ``max_top_logprobs`` at least that large and
@@ -519,17 +486,18 @@ class Engine:
       raise ValueError("return_entropy: the engine was built without entropy=True")
     if not self.idle:
       raise RuntimeError("Engine.generate needs an idle engine; use submit/completions while it is busy")
-    ids = _s.Sampler._encode_prompts(self, prompts)
+    ids = encode_prompts(self.tokenizer, prompts, vocab_size=self.cfg.vocab_size, max_len=self.max_len,
+                         add_special_tokens=self.add_special_tokens)
     count = len(ids)
     procs = self._procs
     if not isinstance(n, int) or n < 1:
       raise ValueError(f"n: must be a positive int, got {n!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
       raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
-    temp = _s._per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
-    tp = _s._per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
-    tk = _s._per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
-    mp = _s._per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
+    temp = per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
+    tp = per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
+    tk = per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
+    mp = per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
     if request_ids is None:  # as Sampler.generate: process p's prompts get ids p·count + 0..count-1
       request_ids = np.arange(count) + (jax.process_index() * count if procs > 1 else 0)
     rid = np.asarray(request_ids)
@@ -539,7 +507,7 @@ class Engine:
     self.set_stops(stop_token_ids, stop_strings)
     local_count = count
     if procs > 1:  # each process passed its own prompts: schedule all of them everywhere, return this process's rows
-      ids, (temp, tp, tk, mp, rid) = _s._gather_prompts(ids, (temp, tp, tk, mp, rid))
+      ids, (temp, tp, tk, mp, rid) = gather_prompts(ids, (temp, tp, tk, mp, rid))
       count = len(ids)
     self._submit([Request(prompt=p, n=n, max_new_tokens=max_new_tokens, temperature=float(temp[i]),
                           top_p=float(tp[i]), top_k=int(tk[i]), min_p=float(mp[i]), seed=int(seed),
@@ -548,7 +516,7 @@ class Engine:
     rows = {c.index: c for c in self.completions()}
     out = self._output(rows, count, n, max_new_tokens, int(return_top_logprobs), bool(return_entropy))
     if procs > 1:
-      out = _s._process_rows(out, jax.process_index() * local_count, local_count, n)
+      out = process_rows(out, jax.process_index() * local_count, local_count, n)
     return out
 
   def set_stops(self, stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = ()) -> None:
@@ -558,7 +526,8 @@ class Engine:
       return
     if not self.idle:
       raise RuntimeError("set_stops: the stop rules can only change while the engine is idle")
-    self._stops, self._stop_strings = _s.Sampler._stops(self, stop_token_ids, stop_strings)
+    self._stops, self._stop_strings = build_stops(self.tokenizer, self.cfg.vocab_size, self.eos_token_ids,
+                                                  stop_token_ids, stop_strings)
     self._stop_key = key
 
   # ------------------------------------------------------------------------------------------------
@@ -788,9 +757,9 @@ class Engine:
     for _, row, reason in ended:
       n = len(row.tokens)
       tokens = np.asarray(row.tokens, np.int32)
-      finish = _s.FINISH_REASONS[reason]
+      finish = FINISH_REASONS[reason]
       if self._stop_strings and self.tokenizer is not None:
-        cut = _s.Sampler._stop_string_end(self, tokens, self._stop_strings)
+        cut = stop_string_end(self.tokenizer, tokens, self._stop_strings)
         if cut is not None and (cut < n or finish != "stop"):
           n, finish = cut, "stop"
       k = row.request.top_logprobs
@@ -849,8 +818,8 @@ class Engine:
 
   def _install(self, rows: list[_Row]) -> None:
     """Loads the rows' state (table, sampling parameters, key, tokens so far) into their slots."""
-    a = _s._next_pow2(len(rows))
-    g = min(_s.length_bucket(max(len(r.tokens) for r in rows), minimum=8), self.max_len)  # padded on device
+    a = next_pow2(len(rows))
+    g = min(length_bucket(max(len(r.tokens) for r in rows), minimum=8), self.max_len)  # padded on device
     f = dict(slot=np.full((a,), self.num_slots, np.int32), tables=np.full((a, self.max_blocks), self.num_blocks,
                                                                               np.int32),
              prompt_len=np.ones((a,), np.int32), prompt_last=np.zeros((a,), np.int32),
@@ -893,7 +862,7 @@ class Engine:
     self.slots = self._programs.install(self.slots, {k: np.asarray(v) for k, v in f.items()})
 
   def _set_tables(self, rows: list[_Row]) -> None:
-    a = _s._next_pow2(len(rows))
+    a = next_pow2(len(rows))
     slot = np.full((a,), self.num_slots, np.int32)
     tables = np.full((a, self.max_blocks), self.num_blocks, np.int32)
     for k, row in enumerate(rows):
@@ -902,13 +871,13 @@ class Engine:
     self.slots = self._programs.set_tables(self.slots, slot, tables)
 
   def _put_slot_idx(self, slots: list[int]) -> np.ndarray:
-    a = _s._next_pow2(len(slots))
+    a = next_pow2(len(slots))
     idx = np.full((a,), self.num_slots, np.int32)
     idx[:len(slots)] = slots
     return idx
 
   def _bucket_pairs(self, src, dst):
-    a = _s._next_pow2(len(src))
+    a = next_pow2(len(src))
     s = np.zeros((a,), np.int32)
     d = np.full((a,), self.num_blocks, np.int32)
     s[:len(src)] = src
@@ -916,7 +885,7 @@ class Engine:
     return s, d
 
   def _output(self, rows: dict[int, Completion], count: int, n: int, max_new_tokens: int, k_top: int = 0,
-              want_entropy: bool = False) -> _s.SampleOutput:
+              want_entropy: bool = False) -> SampleOutput:
     total = count * n
     m = max_new_tokens
     tokens = np.full((total, m), self.pad_token_id, np.int32)
@@ -941,11 +910,11 @@ class Engine:
     texts = None
     if self.tokenizer is not None:
       texts = [self.tokenizer.decode(tokens[i, :lengths[i]].tolist(), skip_special_tokens=True) for i in range(total)]
-    return _s.SampleOutput(tokens=tokens, logprobs=lp, sampling_logprobs=slp, lengths=lengths, finish_reason=reasons,
+    return SampleOutput(tokens=tokens, logprobs=lp, sampling_logprobs=slp, lengths=lengths, finish_reason=reasons,
                            versions=versions, prompt_lengths=np.asarray([len(rows[i].prompt) for i in range(total)],
                                                                         np.int32),
                            prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), texts=texts,
-                           top_logprobs=_s.TopLogprobs(ids=top_ids, logprobs=top_lp) if k_top else None,
+                           top_logprobs=TopLogprobs(ids=top_ids, logprobs=top_lp) if k_top else None,
                            entropy=ent if want_entropy else None)
 
   # ------------------------------------------------------------------------------------------------
@@ -956,8 +925,6 @@ class Engine:
       return _layers.unstack_layers(model, mesh=self.mesh, rules=self.rules)
     return model if self.mesh is None else models.shard_model(model, self.mesh, self.rules)
 
-  def _check_token(self, t, name: str) -> int:
-    return _s.Sampler._check_token(self, t, name)
 
 
 def _check_same_everywhere(requests: Sequence[Request], prompts: list[list[int]]) -> None:
@@ -1004,9 +971,9 @@ class _Programs:
     self.s, self.g, self.mb, self.nb, self.bs = num_slots, max_len, max_blocks, num_blocks, block_size
     self.counts: collections.Counter[str] = collections.Counter()
     page_shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    self.page_sharding = None if mesh is None else rules.sharding(_PAGE_AXES, mesh, page_shape)
-    slots_abs = jax.eval_shape(self._empty_slots)
-    self.slot_sharding = None if mesh is None else _Slots(
+    self.page_sharding = None if mesh is None else rules.sharding(models.PAGE_AXES, mesh, page_shape)
+    slots_abs = jax.eval_shape(self.empty_slots)
+    self.slot_sharding = None if mesh is None else Rows(
         *(None if x is None else self._row_sharding(x.ndim) for x in slots_abs))
     pages_sh = None if mesh is None else (self.page_sharding, self.page_sharding)
     jit = jax.jit
@@ -1027,9 +994,11 @@ class _Programs:
     return NamedSharding(self.mesh, PartitionSpec(*self.rules.spec(("cache_batch",), self.mesh, (self.s,)),
                                                   *[None] * (ndim - 1)))
 
-  def _empty_slots(self) -> _Slots:
+  def empty_slots(self) -> Rows:
+    """Every slot free (done, no blocks): the slot state the engine starts from (its shapes are the decode
+    program's, e.g. for ahead-of-time compilation)."""
     s, g = self.s, self.g
-    return _Slots(tables=jnp.full((s, self.mb), self.nb, jnp.int32), prompt_len=jnp.ones((s,), jnp.int32),
+    return Rows(tables=jnp.full((s, self.mb), self.nb, jnp.int32), prompt_len=jnp.ones((s,), jnp.int32),
                   prompt_last=jnp.zeros((s,), jnp.int32), tokens=jnp.zeros((s, g), jnp.int32),
                   logprobs=jnp.zeros((s, g), jnp.float32), sampling_logprobs=jnp.zeros((s, g), jnp.float32),
                   versions=jnp.full((s, g), -1, jnp.int32), n_gen=jnp.zeros((s,), jnp.int32),
@@ -1044,11 +1013,11 @@ class _Programs:
   def _init(self):
     cfg = self.cfg
     shape = (cfg.num_layers, self.nb, self.bs, cfg.num_kv_heads, cfg.head_dim)
-    return (jnp.zeros(shape, self.cache_dtype), jnp.zeros(shape, self.cache_dtype)), self._empty_slots()
+    return (jnp.zeros(shape, self.cache_dtype), jnp.zeros(shape, self.cache_dtype)), self.empty_slots()
 
   # -- slot state --------------------------------------------------------------------------------
 
-  def _install(self, slots: _Slots, f: dict) -> _Slots:
+  def _install(self, slots: Rows, f: dict) -> Rows:
     self.counts["install"] += 1
     idx = f["slot"]
     keys = jax.vmap(lambda sd, q, j: jax.random.fold_in(jax.random.fold_in(jax.random.key(sd), q), j))(
@@ -1068,16 +1037,16 @@ class _Programs:
     upd["keys"] = slots.keys.at[idx].set(keys, mode="drop")
     return slots._replace(**upd)
 
-  def _set_tables(self, slots: _Slots, idx, tables) -> _Slots:
+  def _set_tables(self, slots: Rows, idx, tables) -> Rows:
     self.counts["set_tables"] += 1
     return slots._replace(tables=slots.tables.at[idx].set(tables, mode="drop"))
 
-  def _free(self, slots: _Slots, idx) -> _Slots:
+  def _free(self, slots: Rows, idx) -> Rows:
     self.counts["free"] += 1
     return slots._replace(done=slots.done.at[idx].set(True, mode="drop"),
                           tables=slots.tables.at[idx].set(self.nb, mode="drop"))
 
-  def _gather(self, slots: _Slots, idx) -> dict:
+  def _gather(self, slots: Rows, idx) -> dict:
     self.counts["gather"] += 1
     idx = jnp.minimum(idx, self.s - 1)
     out = dict(n_gen=slots.n_gen[idx], tokens=slots.tokens[idx], logprobs=slots.logprobs[idx],
@@ -1113,22 +1082,21 @@ class _Programs:
     """
     self.counts["prefill"] += 1
     u, t = tokens.shape
-    shards = self._cache_axes()[2]
+    axes = self._cache_axes()
+    shards = axes.shards
     if u % shards:
       raise ValueError(f"engine prefill: {u} rows do not split over the pool's {shards} shards (rows must be "
                        "a multiple of the shards, each shard's rows holding only its blocks)")
     start = jnp.zeros((u,), jnp.int32) if start is None else start.astype(jnp.int32)
     n_cache = n_cache.astype(jnp.int32)
     paged = self._prefill_attend_fn()
-    dt = self.cfg.jnp_dtype
-    b_axes = self._cache_axes()[0]
-    row_spec = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec(b_axes or None, None, None))
+    row_spec = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec(axes.batch or None, None, None))
 
     def run(pages, params, tokens, start):  # one piece of T' tokens per row, starting at ``start``
       model = nnx.merge(self.graphdef, params)
       pos = start[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]  # [U, T']
       seg = (pos < n_cache[:, None]).astype(jnp.int32)
-      x = jnp.take(model.embed[...], tokens, axis=0).astype(dt)  # [U, T', D]
+      x = model.embed_tokens(tokens)  # [U, T', D]
       if row_spec is not None:  # the rows' activations live where their blocks do
         x = jax.lax.with_sharding_constraint(x, row_spec)
 
@@ -1138,7 +1106,7 @@ class _Programs:
           return out, (k_l2, v_l2)
         return fn
 
-      _, pages = _decode.run_layers(model, x, pos, pages, attend)
+      _, pages = model.run_layers(x, positions=pos, kv=pages, attend=attend, annotate=False)
       return pages
 
     with jax.named_scope("prefill"):
@@ -1154,20 +1122,10 @@ class _Programs:
       (pages, _), _ = jax.lax.scan(tile, (pages, params), jnp.arange(t // self.bs))
       return pages
 
-  def _cache_axes(self) -> tuple[tuple[str, ...], tuple[str, ...], int]:
-    """``(row axes, head axes, row shards)``: the mesh axes the slots and the pool's blocks are split
-    over (the cache-batch axes, when they divide the slots and blocks) and those the kv heads are split
-    over (the cache-kv-head axes, when they divide the kv and query heads)."""
-    mesh, rules = self.mesh, self.rules
-    if mesh is None:
-      return (), (), 1
-    batch = tuple(a for a in rules.mesh_axes("cache_batch") if mesh.shape[a] > 1)
-    heads = tuple(a for a in rules.mesh_axes("cache_kv_heads") if mesh.shape[a] > 1)
-    size = lambda axes: math.prod(mesh.shape[a] for a in axes)
-    b_axes = batch if batch and self.s % size(batch) == 0 and self.nb % size(batch) == 0 else ()
-    h_axes = heads if heads and self.cfg.num_kv_heads % size(heads) == 0 and self.cfg.num_heads % size(heads) == 0 \
-        else ()
-    return b_axes, h_axes, size(b_axes) if b_axes else 1
+  def _cache_axes(self) -> models.CacheAxes:
+    """The mesh axes the slots and the pool's blocks are split over (when they divide both) and those
+    the kv heads are split over (:func:`jaxrl.models.cache_axes`)."""
+    return models.cache_axes(self.cfg, self.mesh, self.rules, self.s, self.nb)
 
   def _prefill_attend_fn(self):
     """``(q, k, v, k_pool, v_pool, tables, pos, seg, start, n_cache) -> (out, k_pool, v_pool)`` for one
@@ -1185,17 +1143,10 @@ class _Programs:
       nb_local = k_pool.shape[0]
       loc = tables - first  # the shard's own blocks are [0, nb_local); anything else is not this row's
       # First the chunk's blocks (whole blocks: ``start`` and ``T`` are multiples of ``bs``), those holding
-      # cached positions (< n_cache); earlier blocks (possibly shared with other rows) are never written.
-      # Writing before reading keeps the donated pool in place (reading first, the CPU compiler copied it).
-      blk = start[:, None] // bs + jnp.arange(t // bs, dtype=jnp.int32)[None, :]  # [U, T / bs]
-      ok = (jnp.take_along_axis((loc >= 0) & (loc < nb_local), blk, axis=1)
-            & (blk < (n_cache[:, None] + bs - 1) // bs))
-      ids = jnp.where(ok, jnp.take_along_axis(loc, blk, axis=1), nb_local)
-
-      def write(pool, new):  # [NB, bs, K, H] <- [U, T, K, H]
-        return pool.at[ids].set(new.reshape(u, t // bs, bs, *new.shape[2:]).astype(pool.dtype), mode="drop")
-
-      k_pool, v_pool = write(k_pool, k), write(v_pool, v)
+      # cached positions (< n_cache). Writing before reading keeps the donated pool in place (reading
+      # first, the CPU compiler copied it).
+      k_pool = models.write_page_blocks(k_pool, k, loc, start, n_cache)
+      v_pool = models.write_page_blocks(v_pool, v, loc, start, n_cache)
       slot = jnp.arange(p, dtype=jnp.int32)[None, :]  # [1, P]
       before = slot < start[:, None]  # [U, P]: cached by earlier chunks
       upto = (slot < start[:, None] + t)[:, :, None, None]  # earlier chunks and this one
@@ -1205,7 +1156,7 @@ class _Programs:
         return jnp.where(upto, got, jnp.zeros((), pool.dtype)).astype(dt)
 
       # Slots of the chunk past n_cache (padding, or blocks not written) are masked by their segment id 0.
-      kv_seg = _write_rows(before.astype(jnp.int32), seg, start)  # [U, P]
+      kv_seg = models.write_rows(before.astype(jnp.int32), seg, start)  # [U, P]
       kv_pos = jnp.broadcast_to(slot, (u, p))
       out = kernels.attention(q, context(k_pool), context(v_pool), segment_ids=(seg, kv_seg),
                               positions=(pos, kv_pos), impl=cfg.attention_impl, interpret=cfg.attention_interpret)
@@ -1213,12 +1164,12 @@ class _Programs:
 
     if self.mesh is None:
       return lambda *a: local(*a, jnp.int32(0))
-    b_axes, h_axes, shards = self._cache_axes()
-    nb_local = self.nb // shards
-    bs_, hs = b_axes or None, h_axes or None
+    axes = self._cache_axes()
+    nb_local = self.nb // axes.shards
+    bs_, hs = axes.batch or None, axes.heads or None
 
     def sharded(*a):
-      first = (jax.lax.axis_index(b_axes) * nb_local).astype(jnp.int32) if b_axes else jnp.int32(0)
+      first = (jax.lax.axis_index(axes.batch) * nb_local).astype(jnp.int32) if axes.batch else jnp.int32(0)
       return local(*a, first)
 
     act = PartitionSpec(bs_, None, hs, None)  # q, k, v [U, T, heads, H]
@@ -1230,46 +1181,33 @@ class _Programs:
 
   # -- decode ------------------------------------------------------------------------------------
 
-  def _decode(self, params, pages, slots: _Slots, stops, version, budget, early):
+  def _decode(self, params, pages, slots: Rows, stops, version, budget, early):
     """Up to ``budget`` decode steps of every active slot; with ``early``, stops after the step in which
     a row finishes (so a waiting row gets its slot at once)."""
     self.counts["decode"] += 1
-    done0 = jnp.sum(slots.done)
 
-    def cond(carry):
-      _, slots, step, _ = carry
-      return (step < budget) & jnp.any(~slots.done) & (~early | (jnp.sum(slots.done) == done0))
+    def advance(params, pages, slots):
+      t = self.row_tile
+      if not t:
+        return self._advance(params, pages, slots, stops, version)
+      # fixed tiles of rows in a scan: every row's arithmetic has the same shapes whatever S is
+      tile = lambda pages, part: self._advance(params, pages, part, stops, version)
+      split = lambda x: x.reshape((self.s // t, t) + x.shape[1:])
+      pages, tiled = jax.lax.scan(tile, pages, jax.tree.map(split, slots))
+      return pages, jax.tree.map(lambda x: x.reshape((self.s,) + x.shape[2:]), tiled)
 
-    def body(carry):
-      pages, slots, step, params = carry
-      with jax.named_scope("decode_step"):
-        t = self.row_tile
-        if not t:
-          pages, slots = self._advance(params, pages, slots, stops, version)
-        else:  # fixed tiles of rows in a scan: every row's arithmetic has the same shapes whatever S is
-          def tile(pages, part):
-            return self._advance(params, pages, part, stops, version)
-          split = lambda x: x.reshape((self.s // t, t) + x.shape[1:])
-          pages, tiled = jax.lax.scan(tile, pages, jax.tree.map(split, slots))
-          slots = jax.tree.map(lambda x: x.reshape((self.s,) + x.shape[2:]), tiled)
-      return pages, slots, step + 1, params
-
-    pages, slots, steps, _ = jax.lax.while_loop(cond, body, (pages, slots, jnp.int32(0), params))
+    pages, slots, steps = decode_loop(advance, params, pages, slots, budget, early=early)
     return pages, slots, dict(n_gen=slots.n_gen, done=slots.done, reason=slots.reason, ran=steps)
 
   def _attend_fn(self):
     """``(q, k_new, v_new, k_pool, v_pool, tables, pos, active) -> (out, k_pool, v_pool)`` for one layer:
     writes the new token's key/value at its slot's block, then paged attention; sharded with shard_map."""
-    bs, impl = self.bs, self.paged_impl
-    mesh = self.mesh
+    impl, mesh = self.paged_impl, self.mesh
 
     def local(q, k_new, v_new, k_pool, v_pool, tables, pos, active, first):
-      nb_local = k_pool.shape[0]
-      tables = tables - first
-      page = jnp.take_along_axis(tables, (pos // bs)[:, None], axis=1)[:, 0]
-      page = jnp.where(active & (page >= 0) & (page < nb_local), page, nb_local)
-      k_pool = k_pool.at[page, pos % bs].set(k_new.astype(k_pool.dtype), mode="drop")
-      v_pool = v_pool.at[page, pos % bs].set(v_new.astype(v_pool.dtype), mode="drop")
+      tables = tables - first  # the shard's own blocks are [0, NB / shards)
+      k_pool = models.write_page_tokens(k_pool, k_new, tables, pos, active)
+      v_pool = models.write_page_tokens(v_pool, v_new, tables, pos, active)
       dt = q.dtype
       out = kernels.paged_decode_attention(q, k_pool.astype(dt), v_pool.astype(dt), tables,
                                            jnp.where(active, pos + 1, 0), impl=impl)
@@ -1277,12 +1215,12 @@ class _Programs:
 
     if mesh is None:
       return lambda *a: local(*a, jnp.int32(0))
-    b_axes, h_axes, shards = self._cache_axes()
-    bs_, hs = b_axes or None, h_axes or None
-    nb_local = self.nb // shards
+    axes = self._cache_axes()
+    bs_, hs = axes.batch or None, axes.heads or None
+    nb_local = self.nb // axes.shards
 
     def sharded(q, k_new, v_new, k_pool, v_pool, tables, pos, active):
-      first = (jax.lax.axis_index(b_axes) * nb_local).astype(jnp.int32) if b_axes else jnp.int32(0)
+      first = (jax.lax.axis_index(axes.batch) * nb_local).astype(jnp.int32) if axes.batch else jnp.int32(0)
       return local(q, k_new, v_new, k_pool, v_pool, tables, pos, active, first)
 
     q_spec = PartitionSpec(bs_, hs, None)
@@ -1292,27 +1230,18 @@ class _Programs:
                          in_specs=(q_spec, q_spec, q_spec, pool_spec, pool_spec, PartitionSpec(bs_, None), row, row),
                          out_specs=(q_spec, pool_spec, pool_spec), check_vma=False)
 
-  def _advance(self, params, pages, slots: _Slots, stops, version) -> tuple:
+  def _advance(self, params, pages, slots: Rows, stops, version) -> tuple:
     """One decode step of the given slots: feed each active row's pending token, sample the next."""
     active = ~slots.done
     pos = slots.prompt_len + slots.n_gen - 1
     prev = jnp.take_along_axis(slots.tokens, jnp.maximum(slots.n_gen - 1, 0)[:, None], axis=1)[:, 0]
     token = jnp.where(slots.n_gen > 0, prev, slots.prompt_last)
     logits, pages = self._step(nnx.merge(self.graphdef, params), token, pos, active, pages, slots.tables)
-    rows = _s._Rows(cache=None, prompt=None, prompt_len=slots.prompt_len, tokens=slots.tokens,
-                    logprobs=slots.logprobs, sampling_logprobs=slots.sampling_logprobs, versions=slots.versions,
-                    entropy=slots.entropy, top_ids=slots.top_ids, top_values=slots.top_values, n_gen=slots.n_gen,
-                    done=slots.done,
-                    reason=slots.reason, keys=slots.keys, temperature=slots.temperature, top_k=slots.top_k,
-                    top_p=slots.top_p, min_p=slots.min_p, max_new=slots.max_new)
-    rows = _s._emit(rows, logits, version, stops)
-    return pages, slots._replace(tokens=rows.tokens, logprobs=rows.logprobs, sampling_logprobs=rows.sampling_logprobs,
-                                 versions=rows.versions, n_gen=rows.n_gen, done=rows.done, reason=rows.reason,
-                                 entropy=rows.entropy, top_ids=rows.top_ids, top_values=rows.top_values)
+    return pages, emit(slots, logits, version, stops)
 
   def _step(self, model, token, pos, active, pages, tables):
-    """One token per slot through the model's blocks (:func:`jaxrl.sampling._decode.run_blocks`), each
-    layer's attention writing into and reading from the paged pool."""
+    """One token per slot through the model's path (:meth:`jaxrl.models.Transformer.run`), each layer's
+    attention writing into and reading from the paged pool."""
     paged = self._attend_fn()
 
     def attend(k_l, v_l):  # the layer's cache write and paged attention, for Attention.__call__
@@ -1321,7 +1250,8 @@ class _Programs:
         return out[:, None], (k_l2, v_l2)
       return fn
 
-    return _decode.run_blocks(model, token, pos, pages, attend)
+    logits, pages = model.run(token[:, None], positions=pos[:, None], kv=pages, attend=attend, annotate=False)
+    return logits[:, 0], pages
 
 
 @functools.lru_cache(maxsize=64)
@@ -1329,7 +1259,7 @@ def context_bucket(n: int, min_bucket: int, block_size: int, max_blocks: int) ->
   """The attention context (cache slots) a prefill of ``n`` tokens runs over: the power-of-two bucket, at
   least one block, and never more than the row's ``max_blocks`` blocks -- a 34,814-token recompute at
   ``max_len`` 34,816 runs over 34,816 slots, not 65,536 (half the prefill's activations)."""
-  return min(max(_s.length_bucket(n, minimum=min_bucket), block_size), max_blocks * block_size)
+  return min(max(length_bucket(n, minimum=min_bucket), block_size), max_blocks * block_size)
 
 
 def prefill_batch_rows(prefill_rows: int, shards: int) -> int:
@@ -1338,7 +1268,10 @@ def prefill_batch_rows(prefill_rows: int, shards: int) -> int:
   return -(-prefill_rows // shards) * shards
 
 
+@functools.lru_cache(maxsize=64)
 def _programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
               block_size, row_tile, top_logprobs: int = 0, entropy: bool = False) -> _Programs:
+  """The engine programs for one (model structure, mesh, rules, settings), memoized like the sampler's:
+  engines of equal settings (each paged ``Sampler.generate`` call builds one) share compiled programs."""
   return _Programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
                    block_size, row_tile, top_logprobs, entropy)

@@ -23,9 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,144 +33,29 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import models
 from jaxrl.sampling import _decode, _latent, _layers
-from jaxrl.sampling._logits import entropy as _entropy
-from jaxrl.sampling._logits import sample_logits
-from jaxrl.sampling._logits import top_logprobs as _top_logprobs
-from jaxrl.sharding import LogicalRules
+from jaxrl.sampling._engine import Engine
+from jaxrl.sampling._paged import blocks_for
+from jaxrl.sampling._requests import (
+    FINISH_REASONS,
+    Stops,
+    build_stops,
+    check_token,
+    encode_prompts,
+    gather_prompts,
+    length_bucket,
+    next_pow2,
+    per_prompt,
+    special_tokens,
+    stop_string_end,
+)
+from jaxrl.sampling._rows import Rows, SampleOutput, SamplerState, TopLogprobs, decode_loop, emit, process_rows
+from jaxrl.sharding import LogicalRules, allgather_scalar, to_host
 
-FINISH_REASONS = ("interrupted", "eos", "stop", "length")
-"""``reason`` codes 0..3; ``interrupted`` only appears for rows a step budget left unfinished."""
-_NEVER = -3  # a stop-sequence entry that matches no token
-_ANY = -1  # a left-padding entry of a right-aligned stop sequence: matches anything
 _FORK_TAG = 0x5EED
-
-
-def length_bucket(n: int, *, minimum: int = 8, maximum: int | None = None) -> int:
-  """The power of two ``>= max(n, minimum)``, capped at ``maximum``."""
-  b = _next_pow2(max(int(n), int(minimum), 1))
-  return b if maximum is None else min(b, int(maximum))
-
-
-def _next_pow2(n: int) -> int:
-  return 1 << (n - 1).bit_length()
-
-
-# --------------------------------------------------------------------------------------------------
-# Results and resumable state
-
-
-@dataclasses.dataclass(frozen=True)
-class TopLogprobs:
-  """The ``k`` most likely tokens at each generated position (OpenAI's ``top_logprobs``)."""
-
-  ids: np.ndarray  # [N, max_new, k] int32 (pad after the end)
-  logprobs: np.ndarray  # [N, max_new, k] float32: log_softmax(logits / T), untruncated
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleOutput:
-  """Completions of one :meth:`Sampler.generate` / :meth:`Sampler.resume` call, rows ``i·n + j``.
-
-  ``tokens`` hold the pad id after ``lengths``; ``logprobs``, ``sampling_logprobs`` and ``entropy`` are
-  0 there and ``versions`` -1. ``state`` is set when a step budget left rows unfinished (or when asked
-  with ``return_state=True``); pass it to :meth:`Sampler.resume` or :meth:`Sampler.fork`.
-  """
-
-  tokens: np.ndarray  # [N, max_new] int32
-  logprobs: np.ndarray  # [N, max_new] float32, see Sampler.generate
-  sampling_logprobs: np.ndarray  # [N, max_new] float32
-  lengths: np.ndarray  # [N] int32
-  finish_reason: list[str]  # "eos" | "stop" | "length" ("interrupted" for unfinished rows)
-  versions: np.ndarray  # [N, max_new] int32: policy version that produced each token
-  prompt_lengths: np.ndarray  # [N] int32
-  prompt_index: np.ndarray  # [N] int32: which input prompt each row continues
-  texts: list[str] | None = None
-  top_logprobs: TopLogprobs | None = None
-  entropy: np.ndarray | None = None  # [N, max_new] float32
-  state: SamplerState | None = None
-
-
-class _Rows(NamedTuple):
-  """Device state of every sample row (the while-loop carry)."""
-
-  cache: models.KVCache  # k, v [L, R, S, K, H]
-  prompt: jax.Array  # [R, P] int32
-  prompt_len: jax.Array  # [R] int32
-  tokens: jax.Array  # [R, G] int32
-  logprobs: jax.Array  # [R, G] float32
-  sampling_logprobs: jax.Array  # [R, G] float32
-  versions: jax.Array  # [R, G] int32
-  entropy: jax.Array | None  # [R, G] float32
-  top_ids: jax.Array | None  # [R, G, k] int32
-  top_values: jax.Array | None  # [R, G, k] float32
-  n_gen: jax.Array  # [R] int32 generated tokens
-  done: jax.Array  # [R] bool
-  reason: jax.Array  # [R] int32, index into FINISH_REASONS
-  keys: jax.Array  # [R] PRNG keys
-  temperature: jax.Array  # [R] float32
-  top_k: jax.Array  # [R] int32
-  top_p: jax.Array  # [R] float32
-  min_p: jax.Array  # [R] float32
-  max_new: jax.Array  # [R] int32
-
-
-class _Stops(NamedTuple):
-  seqs: jax.Array  # [M, Ls] int32, right-aligned, _ANY-padded on the left
-  kind: jax.Array  # [M] int32: 1 eos, 2 stop, 0 dummy
-
-
-def special_tokens(tokenizer, eos_token_ids, pad_token_id, check) -> tuple[tuple[int, ...], int]:
-  """``(eos ids, pad id)`` from the arguments, defaulting to the tokenizer's (no eos, pad 0 without one);
-  ``check(token, key)`` turns each eos entry (an id or a token string) into a validated id."""
-  if eos_token_ids is None:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    eos_token_ids = [] if eos is None else [eos]
-  if pad_token_id is None:
-    pad_token_id = getattr(tokenizer, "pad_token_id", None)
-  return tuple(check(t, "eos_token_ids") for t in eos_token_ids), int(0 if pad_token_id is None else pad_token_id)
-
-
-@dataclasses.dataclass
-class SamplerState:
-  """A paused generation: every row's tokens, log-probs, versions, finish flags, keys and KV cache.
-
-  Produced by :meth:`Sampler.generate` / :meth:`Sampler.fork`; consumed by :meth:`Sampler.resume`
-  (which donates its cache: a state can be resumed once; fork first to branch).
-  """
-
-  rows: _Rows
-  stops: _Stops
-  num_rows: int
-  max_new_tokens: int
-  prompt_index: np.ndarray  # [N]
-  stop_strings: tuple[str, ...]
-  consumed: bool = False
-  latent: bool = False  # generated in latent mode: the cache holds continuous thoughts
-
-  @property
-  def finished(self) -> np.ndarray:  # [N] bool
-    return np.asarray(jax.device_get(self.rows.done))[:self.num_rows]
-
-  @property
-  def lengths(self) -> np.ndarray:  # [N] int32
-    return np.asarray(jax.device_get(self.rows.n_gen))[:self.num_rows]
 
 
 # --------------------------------------------------------------------------------------------------
 # The sampler
-
-
-def _per_prompt(name: str, value, count: int, dtype, check) -> np.ndarray:
-  arr = np.asarray(value, dtype=np.float64)
-  if arr.ndim == 0:
-    arr = np.full((count,), arr)
-  elif arr.shape != (count,):
-    raise ValueError(f"{name}: expected a scalar or one value per prompt ({count}), got shape {arr.shape}")
-  for i, x in enumerate(arr):
-    if not check(x):
-      raise ValueError(f"{name}: invalid value {value if np.ndim(value) == 0 else value[i]!r}"
-                       + ("" if np.ndim(value) == 0 else f" for prompt {i}"))
-  return arr.astype(dtype)
 
 
 class Sampler:
@@ -233,15 +116,15 @@ class Sampler:
     self.decode_impl = decode_impl
     self.add_special_tokens = add_special_tokens
     self.cache_dtype = jnp.dtype(cache_dtype or self.cfg.dtype)
-    self.eos_token_ids, self.pad_token_id = special_tokens(tokenizer, eos_token_ids, pad_token_id,
-                                                           self._check_token)
+    self.eos_token_ids, self.pad_token_id = special_tokens(
+        tokenizer, eos_token_ids, pad_token_id, functools.partial(check_token, tokenizer, self.cfg.vocab_size))
     if unstack_layers is None:
       unstack_layers = jax.default_backend() == "cpu"
     self.unstack_layers = bool(unstack_layers)
     self.source_graphdef = nnx.graphdef(model)
     self.graphdef, self.params = nnx.split(self._placed(model))
     self.version = int(version)
-    self._dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in self.rules.mesh_axes("cache_batch"))
+    self._dp = models.cache_axes(self.cfg, mesh, self.rules).shards
     self._programs = _programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
                                self.cache_dtype, decode_impl)
 
@@ -343,7 +226,8 @@ class Sampler:
     Returns:
       A :class:`SampleOutput`.
     """
-    ids = self._encode_prompts(prompts)
+    ids = encode_prompts(self.tokenizer, prompts, vocab_size=self.cfg.vocab_size, max_len=self.max_len,
+                         add_special_tokens=self.add_special_tokens)
     count = len(ids)
     procs = jax.process_count() if self.mesh is not None else 1
     if not isinstance(n, int) or n < 1:
@@ -355,24 +239,25 @@ class Sampler:
     if not isinstance(return_top_logprobs, int) or not 0 <= return_top_logprobs <= self.cfg.vocab_size:
       raise ValueError(f"return_top_logprobs: must be an int in [0, {self.cfg.vocab_size}], got "
                        f"{return_top_logprobs!r}")
-    temp = _per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
-    tp = _per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
-    tk = _per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
-    mp = _per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
+    temp = per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
+    tp = per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
+    tk = per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
+    mp = per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
     if request_ids is None:
       request_ids = np.arange(count) + (jax.process_index() * count if procs > 1 else 0)
     request_ids = np.asarray(request_ids)
     if (request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer)
         or (request_ids < 0).any() or (request_ids >= 2**31).any()):
       raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
-    stops, stop_strings = self._stops(stop_token_ids, stop_strings)
-    n_thoughts = _per_prompt("thoughts", thoughts, count, np.int32, lambda x: x >= 0 and x == int(x))
+    stops, stop_strings = build_stops(self.tokenizer, self.cfg.vocab_size, self.eos_token_ids, stop_token_ids,
+                                      stop_strings)
+    n_thoughts = per_prompt("thoughts", thoughts, count, np.int32, lambda x: x >= 0 and x == int(x))
     latent = eot is not None
     if n_thoughts.any() and not latent:
       raise ValueError("thoughts: latent mode needs the <eot> id (eot=...); for a model trained without "
                        "markers use jaxrl.sampling.latent_sample")
     if latent:  # prompt tokens (ending with <bot>), a placeholder slot per thought, then <eot> (left pending)
-      eot = self._check_token(eot, "eot")
+      eot = check_token(self.tokenizer, self.cfg.vocab_size, eot, "eot")
       ids = [x + [self.pad_token_id] * int(k) + [eot] for x, k in zip(ids, n_thoughts)]
       for i, x in enumerate(ids):
         if len(x) >= self.max_len:
@@ -385,7 +270,7 @@ class Sampler:
                                   return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
     local_count = count
     if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
-      ids, (temp, tp, tk, mp, request_ids, n_thoughts) = _gather_prompts(
+      ids, (temp, tp, tk, mp, request_ids, n_thoughts) = gather_prompts(
           ids, (temp, tp, tk, mp, request_ids, n_thoughts))
       count = len(ids)
 
@@ -430,28 +315,25 @@ class Sampler:
                          latent=latent)
     out = self._finish(state, return_state=return_state)
     if procs > 1:
-      out = _process_rows(out, jax.process_index() * local_count, local_count, n)
+      out = process_rows(out, jax.process_index() * local_count, local_count, n)
     return out
 
   def _generate_paged(self, ids: list[list[int]], *, procs: int, n: int, max_new_tokens: int, **kw) -> SampleOutput:
     """:meth:`generate` on a rollout engine sized to this call: a slot per row (the row bucket of the
     whole-batch path), blocks for every row at once (no preemption), the whole completion bucket in one
     decode call; the pool lives for the call only, the engine's compiled programs are shared."""
-    from jaxrl.sampling._engine import Engine
-    from jaxrl.sampling._paged import blocks_for
     total, longest = len(ids), max(len(x) for x in ids)
     if procs > 1:  # the engine is built alike on every process: the global count and longest prompt
-      from jaxrl.sharding import allgather_scalar
       total, longest = len(ids) * procs, int(allgather_scalar(longest).max())
     rows = self._row_bucket(total * n)
     p_bucket = length_bucket(longest, minimum=self.min_bucket)
     g_bucket = length_bucket(max_new_tokens, minimum=self.min_bucket)
     max_len = min(self.max_len, p_bucket + g_bucket)
-    block = min(16, _next_pow2(max_len))
+    block = min(16, next_pow2(max_len))
     engine = Engine(nnx.merge(self.graphdef, self.params), self.tokenizer, mesh=self.mesh, rules=self.rules,
                     num_slots=rows, max_len=max_len, block_size=block,
                     num_blocks=rows * (blocks_for(max_len, block) + 1), steps_per_call=g_bucket,
-                    prefill_rows=min(_next_pow2(total), 64), eos_token_ids=self.eos_token_ids,
+                    prefill_rows=min(next_pow2(total), 64), eos_token_ids=self.eos_token_ids,
                     pad_token_id=self.pad_token_id, cache_dtype=self.cache_dtype,
                     add_special_tokens=self.add_special_tokens, version=self.version, min_bucket=self.min_bucket,
                     max_top_logprobs=kw["return_top_logprobs"], entropy=kw["return_entropy"], placed=True)
@@ -546,73 +428,8 @@ class Sampler:
       model = _layers.unstack_layers(model, mesh=self.mesh, rules=self.rules)
     return model if self.mesh is None else models.shard_model(model, self.mesh, self.rules)
 
-  def _check_token(self, t, name: str) -> int:
-    if isinstance(t, str):
-      if self.tokenizer is None:
-        raise ValueError(f"{name}: {t!r} is a string but the sampler has no tokenizer")
-      tid = self.tokenizer.convert_tokens_to_ids(t)
-      unk = getattr(self.tokenizer, "unk_token_id", None)
-      if tid is None or (tid == unk and t != getattr(self.tokenizer, "unk_token", None)):
-        raise ValueError(f"{name}: {t!r} is not a token of the tokenizer's vocabulary")
-      t = tid
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < self.cfg.vocab_size:
-      raise ValueError(f"{name}: {t!r} is not a token id in [0, {self.cfg.vocab_size})")
-    return int(t)
-
-  def _encode_prompts(self, prompts) -> list[list[int]]:
-    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                    and all(isinstance(x, (int, np.integer)) for x in prompts)):
-      prompts = [prompts]
-    if isinstance(prompts, np.ndarray):
-      prompts = list(prompts) if prompts.ndim == 2 else [prompts]
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-      raise ValueError("prompts: expected a non-empty list of strings or token-id lists")
-    out = []
-    for i, p in enumerate(prompts):
-      if isinstance(p, str):
-        if self.tokenizer is None:
-          raise ValueError(f"prompts[{i}] is a string but the sampler has no tokenizer")
-        ids = list(self.tokenizer.encode(p, add_special_tokens=self.add_special_tokens))
-      else:
-        ids = [int(t) for t in np.asarray(p).reshape(-1)] if np.ndim(p) else None
-        if ids is None:
-          raise ValueError(f"prompts[{i}]: expected a string or a list of token ids, got {p!r}")
-        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-          raise ValueError(f"prompts[{i}]: token ids {bad[:4]} are outside [0, {self.cfg.vocab_size})")
-      if not ids:
-        raise ValueError(f"prompts[{i}] is empty (no tokens); every prompt needs at least one token")
-      if len(ids) >= self.max_len:
-        raise ValueError(f"prompts[{i}] has {len(ids)} tokens, but max_len={self.max_len} leaves no room for a "
-                         "completion; shorten the prompt or raise max_len")
-      out.append(ids)
-    return out
-
-  def _stops(self, stop_token_ids, stop_strings) -> tuple[_Stops, tuple[str, ...]]:
-    if isinstance(stop_strings, str):
-      stop_strings = [stop_strings]
-    seqs = [([t], 1) for t in self.eos_token_ids]
-    seqs += [([self._check_token(t, "stop_token_ids")], 2) for t in stop_token_ids]
-    for s in stop_strings:
-      if not isinstance(s, str) or not s:
-        raise ValueError(f"stop_strings: {s!r} is not a non-empty string")
-      if self.tokenizer is None:
-        raise ValueError("stop_strings need a tokenizer")
-      ids = list(self.tokenizer.encode(s, add_special_tokens=False))
-      if ids:
-        seqs.append((ids, 2))
-    m = _next_pow2(max(len(seqs), 1))
-    ls = _next_pow2(max([len(s) for s, _ in seqs] + [1]))
-    arr = np.full((m, ls), _NEVER, np.int32)
-    kind = np.zeros((m,), np.int32)
-    for i, (s, k) in enumerate(seqs):
-      arr[i, :ls - len(s)] = _ANY
-      arr[i, ls - len(s):] = s
-      kind[i] = k
-    return _Stops(jax.device_put(arr), jax.device_put(kind)), tuple(stop_strings)
-
   def _row_bucket(self, count: int) -> int:
-    b = _next_pow2(count)
+    b = next_pow2(count)
     return -(-b // self._dp) * self._dp
 
   def _put_rows(self, x: np.ndarray) -> jax.Array:
@@ -635,21 +452,21 @@ class Sampler:
                  versions=rows.versions, n_gen=rows.n_gen, done=rows.done, reason=rows.reason,
                  prompt_len=rows.prompt_len, entropy=rows.entropy, top_ids=rows.top_ids,
                  top_values=rows.top_values)
-    host = {k: None if v is None else np.array(v[:state.num_rows]) for k, v in _to_host(fetch).items()}
+    host = {k: None if v is None else np.array(v[:state.num_rows]) for k, v in to_host(fetch).items()}
     m = state.max_new_tokens
     lengths = host["n_gen"].astype(np.int32)
     reason = host["reason"].copy()
     done = host["done"].copy()
     if state.stop_strings and self.tokenizer is not None:
       for i in range(state.num_rows):
-        cut = self._stop_string_end(host["tokens"][i, :lengths[i]], state.stop_strings)
+        cut = stop_string_end(self.tokenizer, host["tokens"][i, :lengths[i]], state.stop_strings)
         if cut is not None and (cut < lengths[i] or reason[i] != 2):
           lengths[i], reason[i], done[i] = cut, 2, True
       if not np.array_equal(lengths, host["n_gen"]) or not np.array_equal(done, host["done"]):
         upd = {}
         for name, head in (("n_gen", lengths), ("done", done), ("reason", reason.astype(np.int32))):
           old = getattr(rows, name)
-          tail = _to_host(old)[state.num_rows:]  # padding rows, unchanged
+          tail = to_host(old)[state.num_rows:]  # padding rows, unchanged
           upd[name] = jax.device_put(np.concatenate([head, tail]), old.sharding)
         state = dataclasses.replace(state, rows=rows._replace(**upd))
     valid = np.arange(host["tokens"].shape[1])[None, :] < lengths[:, None]  # [N, G]
@@ -679,57 +496,6 @@ class Sampler:
         prompt_lengths=host["prompt_len"].astype(np.int32), prompt_index=state.prompt_index.copy(), texts=texts,
         top_logprobs=top, entropy=clip(host["entropy"], 0.0), state=state if keep else None)
 
-  def _stop_string_end(self, tokens: np.ndarray, stop_strings: tuple[str, ...]) -> int | None:
-    """Fewest leading tokens whose decoded text contains a stop string, or None."""
-    decode = lambda k: self.tokenizer.decode(tokens[:k].tolist(), skip_special_tokens=False)
-    if not any(s in decode(len(tokens)) for s in stop_strings):
-      return None
-    lo, hi = 1, len(tokens)  # answer in [lo, hi]
-    while lo < hi:
-      mid = (lo + hi) // 2
-      if any(s in decode(mid) for s in stop_strings):
-        hi = mid
-      else:
-        lo = mid + 1
-    return lo
-
-
-def _to_host(tree):
-  """Host copies of device arrays; rows on other processes are all-gathered (see jaxrl.sharding.to_host)."""
-  from jaxrl.sharding import to_host
-  return to_host(tree)
-
-
-def _gather_prompts(ids: list[list[int]], per_prompt: tuple[np.ndarray, ...]):
-  """Every process's prompts and per-prompt arrays, process 0's first (equal counts are required)."""
-  from jaxrl.sharding import allgather_rows, allgather_scalar
-  counts = allgather_scalar(len(ids))
-  if len(set(counts.tolist())) != 1:
-    raise ValueError(f"generate on {len(counts)} processes needs the same number of prompts on each, got "
-                     f"{counts.tolist()} (process order)")
-  width = int(allgather_scalar(max(len(x) for x in ids)).max())
-  arr = np.full((len(ids), width), -1, np.int64)
-  for i, x in enumerate(ids):
-    arr[i, :len(x)] = x
-  got, _ = allgather_rows({"ids": arr, **{f"p{k}": v for k, v in enumerate(per_prompt)}})
-  all_ids = [[int(t) for t in row if t >= 0] for row in got["ids"]]
-  return all_ids, tuple(got[f"p{k}"].astype(v.dtype) for k, v in enumerate(per_prompt))
-
-
-def _process_rows(out: SampleOutput, first_prompt: int, count: int, n: int) -> SampleOutput:
-  """The rows of prompts ``first_prompt .. first_prompt + count - 1`` of a global output, with
-  ``prompt_index`` relative to them. ``state`` stays the global state (every process holds it)."""
-  rows = slice(first_prompt * n, (first_prompt + count) * n)
-  cut = lambda a: None if a is None else a[rows]
-  top = None if out.top_logprobs is None else TopLogprobs(ids=cut(out.top_logprobs.ids),
-                                                          logprobs=cut(out.top_logprobs.logprobs))
-  return dataclasses.replace(
-      out, tokens=cut(out.tokens), logprobs=cut(out.logprobs), sampling_logprobs=cut(out.sampling_logprobs),
-      lengths=cut(out.lengths), finish_reason=out.finish_reason[rows], versions=cut(out.versions),
-      prompt_lengths=cut(out.prompt_lengths), prompt_index=cut(out.prompt_index) - first_prompt,
-      texts=None if out.texts is None else out.texts[rows], top_logprobs=top, entropy=cut(out.entropy))
-
-
 class _Programs:
   """The jitted device programs for one (model structure, mesh, options); shared by equal samplers.
 
@@ -752,7 +518,7 @@ class _Programs:
       return None
     return NamedSharding(self.mesh, PartitionSpec(*self.rules.spec(("cache_batch",), self.mesh), *[None] * (ndim - 1)))
 
-  def constrain_rows(self, rows: _Rows) -> _Rows:
+  def constrain_rows(self, rows: Rows) -> Rows:
     if self.mesh is None:
       return rows
     axes = models.KVCache.logical_axes()
@@ -762,7 +528,7 @@ class _Programs:
 
     def one(x):
       return jax.lax.with_sharding_constraint(x, self.row_sharding(x.ndim)) if x is not None else None
-    rest = {f: one(getattr(rows, f)) for f in _Rows._fields if f != "cache" and f != "keys"}
+    rest = {f: one(getattr(rows, f)) for f in Rows._fields if f != "cache" and f != "keys"}
     return rows._replace(cache=cache, **rest)
 
   def _prefill_program(self, params, seed, *, prompt, prompt_len, src, active, request, sample, temperature,
@@ -807,7 +573,7 @@ class _Programs:
     base = jax.random.key(seed)
     keys = jax.vmap(lambda q, j: jax.random.fold_in(jax.random.fold_in(base, q), j))(request, sample)
     g = gen_len
-    rows = _Rows(
+    rows = Rows(
         cache=cache, prompt=prompt[src], prompt_len=prompt_len[src],
         tokens=jnp.zeros((r, g), jnp.int32), logprobs=jnp.zeros((r, g), jnp.float32),
         sampling_logprobs=jnp.zeros((r, g), jnp.float32), versions=jnp.full((r, g), -1, jnp.int32),
@@ -827,7 +593,9 @@ class _Programs:
 
   def _decode_program(self, params, rows, stops, budget, version):
     self.counts["decode"] += 1
-    return self._decode_loop(params, rows, stops, budget, version)
+    _, rows, _ = decode_loop(functools.partial(self._advance, stops=stops, version=version), params, None, rows,
+                             budget)
+    return rows
 
   def _fork_program(self, rows, src, child, real):
     self.counts["fork"] += 1
@@ -835,37 +603,28 @@ class _Programs:
     cache = rows.cache
     new_cache = models.KVCache(k=jnp.take(cache.k, src, axis=1), v=jnp.take(cache.v, src, axis=1),
                                segment_ids=take(cache.segment_ids), positions=take(cache.positions))
-    fields = {f: take(getattr(rows, f)) for f in _Rows._fields if f != "cache"}
+    fields = {f: take(getattr(rows, f)) for f in Rows._fields if f != "cache"}
     keys = jax.vmap(lambda k, j: jax.random.fold_in(jax.random.fold_in(k, _FORK_TAG), j))(fields["keys"], child)
     fields.update(keys=keys, done=fields["done"] | ~real)
-    return self.constrain_rows(_Rows(cache=new_cache, **fields))
+    return self.constrain_rows(Rows(cache=new_cache, **fields))
 
-  def _decode_loop(self, params, rows: _Rows, stops: _Stops, budget, version) -> _Rows:
-    def cond(carry):
-      rows, step, _ = carry
-      return (step < budget) & jnp.any(~rows.done)
-
-    def body(carry):
-      rows, step, params = carry  # params ride in the carry: NNX modules cannot cross trace levels
-      model = nnx.merge(self.graphdef, params)
-      with jax.named_scope("decode_step"):
-        pos = rows.prompt_len + rows.n_gen - 1  # [R] slot of the pending token
-        token = jnp.where(
-            rows.n_gen > 0,
-            jnp.take_along_axis(rows.tokens, jnp.maximum(rows.n_gen - 1, 0)[:, None], axis=1)[:, 0],
-            jnp.take_along_axis(rows.prompt, jnp.maximum(pos, 0)[:, None], axis=1)[:, 0])
-        if self.decode_impl == "kernel":
-          logits, cache = _decode.decode_step(model, token, pos, rows.cache, mesh=self.mesh, rules=self.rules)
-        else:
-          out, cache = model(token[:, None], positions=pos[:, None], segment_ids=jnp.ones_like(pos)[:, None],
-                             cache=rows.cache, cache_start=pos)
-          logits = out[:, 0]
-        rows = self.constrain_rows(rows._replace(cache=cache))
-        rows = _emit(rows, logits, version, stops)
-      return rows, step + 1, params
-
-    rows, _, _ = jax.lax.while_loop(cond, body, (rows, jnp.int32(0), params))
-    return rows
+  def _advance(self, params, carry: None, rows: Rows, *, stops: Stops, version) -> tuple[None, Rows]:
+    """One decode step of every row (:func:`decode_loop`'s ``advance``): feed its pending token through
+    the dense cache in ``rows``, sample the next."""
+    model = nnx.merge(self.graphdef, params)
+    pos = rows.prompt_len + rows.n_gen - 1  # [R] slot of the pending token
+    token = jnp.where(
+        rows.n_gen > 0,
+        jnp.take_along_axis(rows.tokens, jnp.maximum(rows.n_gen - 1, 0)[:, None], axis=1)[:, 0],
+        jnp.take_along_axis(rows.prompt, jnp.maximum(pos, 0)[:, None], axis=1)[:, 0])
+    if self.decode_impl == "kernel":
+      logits, cache = _decode.decode_step(model, token, pos, rows.cache, mesh=self.mesh, rules=self.rules)
+    else:
+      out, cache = model(token[:, None], positions=pos[:, None], segment_ids=jnp.ones_like(pos)[:, None],
+                         cache=rows.cache, cache_start=pos)
+      logits = out[:, 0]
+    rows = self.constrain_rows(rows._replace(cache=cache))
+    return carry, emit(rows, logits, version, stops)
 
 
 @functools.lru_cache(maxsize=64)
@@ -877,46 +636,7 @@ def _programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _Programs
 # Pure device functions
 
 
-def _emit(rows: _Rows, logits: jax.Array, version: jax.Array, stops: _Stops) -> _Rows:
-  """Samples token ``n_gen`` of every unfinished row from ``logits [R, V]`` and checks the stop rules."""
-  r, g = rows.tokens.shape
-  active = ~rows.done
-  idx = rows.n_gen
-  step_keys = jax.vmap(jax.random.fold_in)(rows.keys, idx)
-  out = sample_logits(logits, step_keys, temperature=rows.temperature, top_k=rows.top_k, top_p=rows.top_p,
-                      min_p=rows.min_p)
-  at = jnp.where(active, idx, g)  # out of bounds for finished rows: the write is dropped
-  ar = jnp.arange(r)
-
-  def put(buf, value):
-    return buf.at[ar, at].set(value.astype(buf.dtype), mode="drop")
-
-  upd = dict(tokens=put(rows.tokens, out.tokens), logprobs=put(rows.logprobs, out.logprobs),
-             sampling_logprobs=put(rows.sampling_logprobs, out.sampling_logprobs),
-             versions=put(rows.versions, jnp.broadcast_to(version, (r,))))
-  if rows.entropy is not None:
-    upd["entropy"] = put(rows.entropy, _entropy(logits, rows.temperature))
-  if rows.top_ids is not None:
-    ids, values = _top_logprobs(logits, rows.temperature, rows.top_ids.shape[-1])
-    upd["top_ids"] = put(rows.top_ids, ids)
-    upd["top_values"] = put(rows.top_values, values)
-  n_gen = idx + active.astype(jnp.int32)
-  tokens = upd["tokens"]
-  ls = stops.seqs.shape[1]
-  offs = n_gen[:, None] - ls + jnp.arange(ls)[None, :]  # [R, Ls] indices of the last Ls tokens
-  window = jnp.take_along_axis(tokens, jnp.clip(offs, 0, g - 1), axis=1)
-  window = jnp.where(offs >= 0, window, _NEVER - 1)
-  seqs = stops.seqs[None]  # [1, M, Ls]
-  match = jnp.all((seqs == _ANY) | (seqs == window[:, None, :]), axis=-1)  # [R, M]
-  eos = jnp.any(match & (stops.kind == 1)[None], axis=-1)
-  stop = jnp.any(match & (stops.kind == 2)[None], axis=-1)
-  length = n_gen >= rows.max_new
-  reason = jnp.where(eos, 1, jnp.where(stop, 2, jnp.where(length, 3, 0)))
-  finished = active & (eos | stop | length)
-  return rows._replace(n_gen=n_gen, done=rows.done | finished, reason=jnp.where(finished, reason, rows.reason), **upd)
-
-
-def _recompute_cache(model, rows: _Rows, dtype) -> models.KVCache:
+def _recompute_cache(model, rows: Rows, dtype) -> models.KVCache:
   """KV cache of every row's sequence (prompt + generated) except the pending last token, in one prefill."""
   r, p = rows.prompt.shape
   s = rows.cache.k.shape[2]
