@@ -31,7 +31,7 @@ from jaxrl.rl._rollout import (
     loss_mask,
     sequence_fields,
 )
-from jaxrl.rl._trainer import RLTrainer
+from jaxrl.rl._trainer import RLTrainer, make_learner_step, make_logprob_program, packed_layout
 from jaxrl.rl._async import AsyncRLTrainer
 from jaxrl.rl._async_config import AsyncConfig
 
@@ -49,6 +49,9 @@ __all__ = [
     "RLConfig",
     "RLEvalConfig",
     "RLTrainer",
+    "make_learner_step",
+    "make_logprob_program",
+    "packed_layout",
     "AsyncRLTrainer",
     "AsyncConfig",
     "RewardSection",

@@ -48,7 +48,6 @@ import collections
 import concurrent.futures as cf
 import dataclasses
 import functools
-import json
 import threading
 import time
 import zlib
@@ -562,17 +561,13 @@ class AsyncRLTrainer(RLTrainer):
 
   def run(self, *, until: int | None = None) -> dict[str, Any]:
     cfg = self.cfg
-    start_step = 0
-    if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
-      # The checkpoint of step s holds the parameters after s steps and the prompt stream at group s·B (the
-      # trainer's stream advances one batch per step). Groups admitted beyond it (async/ahead_groups at step
-      # s) are not saved: the rollout restarts at version s and draws them again, same prompts and ids.
-      start_step = self._restore()
-    # Process 0 logs to out_dir; others (the same global metrics) to out_dir/processes/K, as RLTrainer.run.
-    log_dir = self.out_dir if self.pid == 0 else self.out_dir / "processes" / str(self.pid)
-    logger = train.MetricsLogger(log_dir, total_steps=cfg.steps, desc="rl-async",
-                                 show=("reward/mean", "accuracy", "eval/accuracy", "async/staleness_mean",
-                                       "async/tok_s_effective"), tensorboard=cfg.tensorboard)
+    # The checkpoint of step s holds the parameters after s steps and the prompt stream at group s·B (the
+    # trainer's stream advances one batch per step). Groups admitted beyond it (async/ahead_groups at step
+    # s) are not saved: the rollout restarts at version s and draws them again, same prompts and ids.
+    start_step = self.resume()
+    logger = train.process_logger(self.out_dir, self.pid, total_steps=cfg.steps, desc="rl-async",
+                                  show=("reward/mean", "accuracy", "eval/accuracy", "async/staleness_mean",
+                                        "async/tok_s_effective"), tensorboard=cfg.tensorboard)
     results: dict[str, Any] = {"start_step": start_step}
     if start_step:
       logger.note(f"resumed from step {start_step}: the rollout restarts at version {start_step}; the groups the "
@@ -598,7 +593,7 @@ class AsyncRLTrainer(RLTrainer):
     stop = threading.Event()
     failure: list[BaseException] = []
     self._preempted = None  # (signal, step) once the trainer thread stopped on a pre-emption signal
-    self._preempt.install()
+    self.preemption.install()
 
     def trainer_loop():
       try:
@@ -623,25 +618,12 @@ class AsyncRLTrainer(RLTrainer):
     if failure:
       raise failure[0]
     if self._preempted is not None:
-      self._stop(*self._preempted, logger)  # the checkpoint commits, then train.Preempted (exit 143)
-    self._preempt.uninstall()
+      self.stop(*self._preempted, logger)  # the checkpoint commits, then train.Preempted (exit 143)
+    self.preemption.uninstall()
     results["time_total"] = time.perf_counter() - t_start
     if self.checkpointer is not None:
       self.checkpointer.close()
-    plot = logger.close(title="rl-async")
-    results.update(steps=last, plot=str(plot) if plot else None, skipped=int(self.state.skipped),
-                   rewards=[h["reward/mean"] for h in self.history], accuracy=[h["accuracy"] for h in self.history])
-    if last == cfg.steps and cfg.export_hf:
-      model = self.current_model()
-      models.save_pretrained(models.merged_base(model) if self.lora else model, self.out_dir / "hf",
-                             tokenizer=self.tokenizer)
-      results["hf_dir"] = str(self.out_dir / "hf")
-      if self.lora:
-        models.save_peft(model, self.out_dir / "adapter")
-        results["adapter_dir"] = str(self.out_dir / "adapter")
-    if self.pid == 0:
-      (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    return results
+    return self.finish(results, logger, last, title="rl-async")
 
   def _train_loop(self, start_step: int, last: int, logger, results: dict, stop: threading.Event) -> None:
     cfg, r = self.cfg, self.cfg.rollout
@@ -671,14 +653,14 @@ class AsyncRLTrainer(RLTrainer):
                                    tokenizer=self.tokenizer, overlong_penalty=r.overlong_penalty)
       rollout, versions = groups_to_rollout(groups, self.train_prompts.ids, max_new=r.max_new_tokens,
                                             tokenizer=self.tokenizer, overlong_penalty=r.overlong_penalty)
-      everything = self._global_view(drawn)  # every process's per-sample scalars (gathered)
+      everything = self.global_view(drawn)  # every process's per-sample scalars (gathered)
       errors, ahead = (int(x) for x in sharding.allgather_rows(
           {"x": np.asarray([[sum(g.errors for g in batch.drawn), self.staleness.held()]])})[0]["x"].sum(0))
       if errors > cfg.reward.runner.allowed_errors(everything.num_samples):  # the same decision everywhere
         raise rewards.RewardBudgetExceeded(self.rollout_rewards.name, [], everything.num_samples,
                                            cfg.reward.runner.max_errors)
       self.last_rollout = rollout if groups else None
-      metrics = self._rollout_metrics(everything)  # over every sample drawn, as the synchronous trainer's
+      metrics = self.rollout_metrics(everything)  # over every sample drawn, as the synchronous trainer's
       metrics["reward_errors"] = float(errors)
       if r.dynamic_sampling:
         metrics.update({"dynamic/groups_kept": float(len(groups)), "dynamic/rounds": float(batch.rounds),
@@ -688,21 +670,7 @@ class AsyncRLTrainer(RLTrainer):
       metrics["async/ahead_groups"] = float(ahead)
       trained_tokens = 0.0
       if groups:
-        got, _ = sharding.allgather_rows({  # every process's trained samples: metrics and self.trained
-            "versions": versions, "lengths": rollout.lengths,
-            "group": np.asarray([self.global_group(g.index) for g in groups for _ in range(g.n)], np.int64),
-            "sample": np.asarray([s for g in groups for s in range(g.n)], np.int64),
-            "request_id": np.asarray([g.request_id for g in groups for _ in range(g.n)], np.int64),
-            "tokens_crc": np.asarray([zlib.crc32(t[:k].tobytes()) & 0x7FFFFFFF  # gathered as int32 (x64 off)
-                                      for t, k in zip(rollout.tokens, rollout.lengths)], np.int64)})
-        valid = np.arange(got["versions"].shape[1])[None, :] < got["lengths"][:, None]
-        self.trained.append({
-            "step": np.full(len(got["group"]), step), "group": got["group"], "sample": got["sample"],
-            "request_id": got["request_id"], "tokens_crc": got["tokens_crc"], "length": got["lengths"],
-            "version_min": np.where(valid, got["versions"], np.iinfo(np.int32).max).min(1, initial=step),
-            "version_max": got["versions"].max(1, initial=-1)})
-        trained_tokens = float(got["lengths"].sum())
-        metrics.update(staleness_metrics(got["versions"], got["lengths"], j, self.eta))
+        trained_tokens = self._record_trained(step, groups, rollout, versions, metrics)
         metrics.update(self.update(rollout, step))
       else:
         logger.note(f"step {step}: no informative group after {batch.rounds} rounds; no update")
@@ -723,18 +691,30 @@ class AsyncRLTrainer(RLTrainer):
       if groups:
         metrics["tok_s/train"] = metrics["train/tokens"] / max(metrics["time_train"], 1e-9)
       t_prev = t2
-      if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
-        ev = self.evaluate(step)
-        metrics.update(ev)
-        if ev:
-          results["eval_after"] = ev
-      self.history.append(dict(metrics, step=float(step)))
-      logger.log(step, metrics)
-      signum = self._preempt.requested()  # SIGTERM/SIGINT: this step's checkpoint, then run() raises Preempted
-      self._save(step, force=step == last or signum is not None)
-      if signum is not None:
+      signum = self.end_step(step, last, metrics, logger=logger, results=results)
+      if signum is not None:  # this step's checkpoint is saved; run() raises Preempted on the calling thread
         self._preempted = (signum, step)
         return
+
+  def _record_trained(self, step: int, groups: list[Group], rollout: Rollout, versions: np.ndarray,
+                      metrics: dict[str, float]) -> float:
+    """Gathers every process's trained samples of ``step`` into ``self.trained`` and their staleness into
+    ``metrics``; returns the number of tokens trained."""
+    got, _ = sharding.allgather_rows({  # every process's trained samples: metrics and self.trained
+        "versions": versions, "lengths": rollout.lengths,
+        "group": np.asarray([self.global_group(g.index) for g in groups for _ in range(g.n)], np.int64),
+        "sample": np.asarray([s for g in groups for s in range(g.n)], np.int64),
+        "request_id": np.asarray([g.request_id for g in groups for _ in range(g.n)], np.int64),
+        "tokens_crc": np.asarray([zlib.crc32(t[:k].tobytes()) & 0x7FFFFFFF  # gathered as int32 (x64 off)
+                                  for t, k in zip(rollout.tokens, rollout.lengths)], np.int64)})
+    valid = np.arange(got["versions"].shape[1])[None, :] < got["lengths"][:, None]
+    self.trained.append({
+        "step": np.full(len(got["group"]), step), "group": got["group"], "sample": got["sample"],
+        "request_id": got["request_id"], "tokens_crc": got["tokens_crc"], "length": got["lengths"],
+        "version_min": np.where(valid, got["versions"], np.iinfo(np.int32).max).min(1, initial=step),
+        "version_max": got["versions"].max(1, initial=-1)})
+    metrics.update(staleness_metrics(got["versions"], got["lengths"], step - 1, self.eta))
+    return float(got["lengths"].sum())
 
   def close(self) -> None:
     super().close()

@@ -32,16 +32,12 @@ class BuiltinPrompts(data_lib.BuiltinTask):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PromptData:
-  """Where prompts come from. A record is ``{"prompt": str | messages}`` or ``{"messages": [...]}``
-  plus the fields the reward function reads (``answer``, ``tests``, ...)."""
+class PromptData(data_lib.TaskData):
+  """Where prompts come from: JSONL ``train`` / ``heldout`` files. A record is ``{"prompt": str | messages}``
+  or ``{"messages": [...]}`` plus the fields the reward function reads (``answer``, ``tests``, ...)."""
 
-  train: tuple[str, ...] = ()
-  "JSONL prompt files. Empty: use `builtin`."
-  heldout: tuple[str, ...] = ()
-  "JSONL held-out prompt files for evaluation. Empty with `builtin`: the built-in held-out split."
   builtin: BuiltinPrompts | None = dataclasses.field(default_factory=BuiltinPrompts)
-  "The built-in task, used when `train` is empty."
+  "The built-in task as single-turn prompts, used when `train` is empty."
   shuffle_seed: int = 0
   "Seed of the per-epoch prompt shuffle."
   max_prompt_tokens: int = 1024
