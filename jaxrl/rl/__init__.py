@@ -1,8 +1,10 @@
 """Reinforcement learning for LLMs: GRPO / DAPO / GRPO+ / decoupled PPO, synchronous, on one mesh.
 
-``RLTrainer(RLConfig).run()`` samples with :class:`jaxrl.sampling.Sampler` on the trainer's parameters,
-scores with a reward function (:mod:`jaxrl.rewards`), computes advantages and updates the policy with
-losses chosen by name from :mod:`jaxrl.losses`. ``jaxrl rl --config FILE`` is :func:`main_rl`.
+``RLTrainer(RLConfig).run()`` takes each step's rollouts from its :class:`RolloutSource` (by default
+:class:`EngineRollout`: :class:`jaxrl.sampling.Sampler`, or the engine built by :func:`build_engine`, on the
+trainer's parameters, scored with a reward function from :mod:`jaxrl.rewards`), computes advantages and
+updates the policy with losses chosen by name from :mod:`jaxrl.losses`. ``jaxrl rl --config FILE`` is
+:func:`main_rl`.
 """
 
 from jaxrl.rl._cli import main_rl
@@ -10,6 +12,7 @@ from jaxrl.rl._config import (
     AlgorithmConfig,
     BuiltinPrompts,
     ContextStage,
+    EngineConfig,
     MicroBatchConfig,
     OverlongPenalty,
     PromptData,
@@ -18,6 +21,7 @@ from jaxrl.rl._config import (
     RLEvalConfig,
     RolloutConfig,
 )
+from jaxrl.rl._engine_build import build_engine, build_sampler, rollout_max_len
 from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
 from jaxrl.rl._packing import PackedBatch, assign_micro_batches, pack_sequences
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, read_records, reward_fields
@@ -31,6 +35,7 @@ from jaxrl.rl._rollout import (
     loss_mask,
     sequence_fields,
 )
+from jaxrl.rl._source import EngineRollout, RolloutBatch, RolloutSource, draw_rounds
 from jaxrl.rl._trainer import RLTrainer, make_learner_step, make_logprob_program, packed_layout
 from jaxrl.rl._async import AsyncRLTrainer
 from jaxrl.rl._async_config import AsyncConfig
@@ -40,6 +45,8 @@ __all__ = [
     "BuiltinPrompts",
     "ContextStage",
     "EncodedPrompts",
+    "EngineConfig",
+    "EngineRollout",
     "MicroBatchConfig",
     "OverlongPenalty",
     "PackedBatch",
@@ -56,14 +63,19 @@ __all__ = [
     "AsyncConfig",
     "RewardSection",
     "Rollout",
+    "RolloutBatch",
     "RolloutConfig",
+    "RolloutSource",
     "RubricARM",
     "RubricARMConfig",
     "arithmetic_pairs",
     "arithmetic_reward",
     "assign_micro_batches",
+    "build_engine",
+    "build_sampler",
     "compute_advantages",
     "concat_rollouts",
+    "draw_rounds",
     "informative_groups",
     "load_prompt_sets",
     "loss_mask",
@@ -75,6 +87,7 @@ __all__ = [
     "policy_logprobs",
     "read_records",
     "reward_fields",
+    "rollout_max_len",
     "sequence_fields",
     "weighted_reward",
 ]

@@ -96,6 +96,9 @@ class EngineConfig:
   "KV-cache budget per device, in bytes; exclusive with `kv_cache_fraction`."
   kv_cache_fraction: float | None = None
   "KV-cache budget as a fraction of each device's free memory at engine start (where reported)."
+  num_blocks: int | None = None
+  ("KV-cache blocks in all (what `jaxrl serve --num-blocks` sets); exclusive with `kv_cache_bytes` and "
+   "`kv_cache_fraction`.")
   block_size: int = 16
   "Cache slots per block."
   steps_per_call: int = 8
@@ -114,8 +117,10 @@ class EngineConfig:
     if self.prefill_chunk is not None and (self.prefill_chunk < 1 or self.prefill_chunk % self.block_size):
       raise ValueError(f"rollout.engine.prefill_chunk must be a positive multiple of block_size={self.block_size}, "
                        f"got {self.prefill_chunk!r}")
-    if (self.kv_cache_bytes is None) == (self.kv_cache_fraction is None):
-      raise ValueError("rollout.engine: set exactly one of kv_cache_bytes and kv_cache_fraction")
+    if sum(x is not None for x in (self.kv_cache_bytes, self.kv_cache_fraction, self.num_blocks)) != 1:
+      raise ValueError("rollout.engine: set exactly one of kv_cache_bytes, kv_cache_fraction and num_blocks")
+    if self.num_blocks is not None and self.num_blocks < 1:
+      raise ValueError(f"rollout.engine.num_blocks must be >= 1, got {self.num_blocks!r}")
     if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
       raise ValueError(f"rollout.engine.kv_cache_bytes must be >= 1, got {self.kv_cache_bytes!r}")
     if self.kv_cache_fraction is not None and not 0 < self.kv_cache_fraction <= 1:

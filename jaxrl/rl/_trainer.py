@@ -39,21 +39,16 @@ from flax import nnx
 
 from jaxrl import config as config_lib
 from jaxrl import data as data_lib
-from jaxrl import losses, models, sampling, sharding, train
+from jaxrl import models, sampling, sharding, train
 from jaxrl.rewards import RewardRunner
 from jaxrl.rl import _critic
 from jaxrl.rl._config import RLConfig
+from jaxrl.rl._engine_build import build_sampler, rollout_max_len
 from jaxrl.rl._loss import MICRO_VECTOR_PREFIX, make_logprob_fn, make_loss_fn, make_prepare
 from jaxrl.rl._packing import PackedBatch, pack_sequences, pad_micro_batches
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields
-from jaxrl.rl._rollout import (
-    Rollout,
-    compute_advantages,
-    concat_rollouts,
-    informative_groups,
-    loss_mask,
-    sequence_fields,
-)
+from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
+from jaxrl.rl._source import EngineRollout, RolloutSource
 
 _NOT_WEIGHTED = frozenset({"loss", "grad_norm", "lr", "skipped", "weight_sum", "loss_tokens", "logprob_diff_sum"})
 """Update metrics that are not Σ w·m weighted sums (the rest are divided by ``weight_sum``)."""
@@ -131,7 +126,12 @@ class RLTrainer:
                                       chunk_size=algo.logprob_chunk_size, lora=cfg.lora is not None)
     self._steps: dict[tuple[int, int], Any] = {}
     self._logprob_programs: dict[tuple[int, int], Any] = {}
-    self.sampler: sampling.Sampler | None = None
+    self.sampler: sampling.Sampler | sampling.Engine | None = None
+    # Training rollouts come from the source; evaluation samples on the same backend (:meth:`_sampler_for`). A
+    # subclass that sets a source of its own closes it in its close().
+    self.source: RolloutSource = EngineRollout(cfg.rollout, seed=cfg.seed, backend=self._sampler_for,
+                                               submit=self._submit, rewards=lambda: self.rewards,
+                                               procs=self.procs, pid=self.pid)
     self._stage = 0
     self.history: list[dict[str, float]] = []
     self.update_history: list[dict[str, float]] = []
@@ -167,21 +167,13 @@ class RLTrainer:
 
   def _sampler_for(self, step: int) -> sampling.Sampler | sampling.Engine:
     """The sampler (or, with ``rollout.engine``, the engine) for ``step``'s stage, holding the current
-    parameters (rebuilt when max_len grows)."""
-    max_len = self.cfg.data.max_prompt_tokens + max(self.cfg.rollout.stage(step)[1], self._eval_max_new(step))
+    parameters (built by :func:`jaxrl.rl.build_sampler`; rebuilt when :func:`jaxrl.rl.rollout_max_len` grows)."""
+    max_len = rollout_max_len(self.cfg, step)
     model = self.sampling_model()
     version = int(self.state.step)
-    eng = self.cfg.rollout.engine
     if self.sampler is None or self.sampler.max_len != max_len:
-      if eng is not None:  # continuous batching over a paged cache, same generate contract
-        self.sampler = sampling.Engine(
-            model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len, num_slots=eng.num_slots,
-            kv_cache_bytes=eng.kv_cache_bytes, kv_cache_fraction=eng.kv_cache_fraction, block_size=eng.block_size,
-            steps_per_call=eng.steps_per_call, prefill_rows=eng.prefill_rows, prefill_chunk=eng.prefill_chunk,
-            version=version, entropy=self.engine_entropy)
-      else:
-        self.sampler = sampling.Sampler(model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len,
-                                        decode_impl=self.cfg.rollout.decode_impl, version=version)
+      self.sampler = build_sampler(self.cfg, model, self.tokenizer, max_len=max_len, mesh=self.mesh, rules=self.rules,
+                                   version=version, entropy=self.engine_entropy)
     else:
       self.sampler.set_weights(model, version=version)
     return self.sampler
@@ -207,89 +199,17 @@ class RLTrainer:
   def _score(self, prompts: EncodedPrompts, idx: list[int], n: int, out: sampling.SampleOutput):
     return self.rewards.collect(self._submit(prompts, idx, n, out.texts, offset=0))
 
-  def _generate(self, sampler, idx: list[int], request_ids: list[int], *, max_new: int, n: int) -> tuple[Rollout, dict]:
-    """Generates and scores one round. With ``rollout.reward_overlap_chunks > 1`` the prompts are
-    generated in chunks and each chunk's rewards run in the pool while the next chunk generates."""
-    r = self.cfg.rollout
-    t0 = time.perf_counter()
-    chunks = np.array_split(np.arange(len(idx)), min(r.reward_overlap_chunks, len(idx)))  # none empty
-    outs, submitted = [], []
-    for c in chunks:
-      part = [idx[k] for k in c]
-      out = sampler.generate([self.train_prompts.ids[i].tolist() for i in part], n=n, max_new_tokens=max_new,
-                             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
-                             request_ids=[request_ids[k] for k in c], stop_strings=r.stop_strings)
-      submitted += self._submit(self.train_prompts, part, n, out.texts, offset=len(submitted))
-      outs.append(out)
-    t1 = time.perf_counter()
-    scored = self.rewards.collect(submitted)  # waits only for what is still running
-    t2 = time.perf_counter()
-    tokens = np.concatenate([o.tokens for o in outs])
-    logprobs = np.concatenate([o.logprobs for o in outs])
-    lengths = np.concatenate([o.lengths for o in outs])
-    finish = [f for o in outs for f in o.finish_reason]
-    texts = [t for o in outs for t in o.texts]
-    task = scored.rewards.astype(np.float32)
-    rewards = task
-    if r.overlong_penalty is not None:
-      pen = r.overlong_penalty
-      rewards = task + np.asarray(losses.dapo_overlong_penalty(
-          lengths, max_len=pen.max_len or max_new, cache_len=pen.cache_len), np.float32)
-    rollout = Rollout(
-        prompt_ids=tuple(self.train_prompts.ids[i] for i in idx for _ in range(n)), tokens=tokens,
-        logprobs=logprobs, lengths=lengths.astype(np.int32),
-        truncated=np.asarray([f == "length" for f in finish]),
-        group_ids=np.repeat(np.arange(len(idx), dtype=np.int32), n), rewards=rewards.astype(np.float32),
-        task_rewards=task, texts=tuple(texts))
-    # time_reward: the wait for rewards after the last chunk generated (all of scoring without overlap).
-    info = {"time_generate": t1 - t0, "time_reward": t2 - t1, "reward_errors": float(len(scored.errors))}
-    return rollout, info
-
   def collect(self, step: int) -> tuple[Rollout | None, dict[str, float]]:
-    """The step's training batch (after dynamic sampling) and rollout metrics over every sample drawn."""
-    r = self.cfg.rollout
-    _, max_new, n = r.stage(step)
-    sampler = self._sampler_for(step)
-    want = r.prompts_per_step
-    kept: list[Rollout] = []
-    drawn: list[Rollout] = []
-    n_kept = 0
-    times = {"time_generate": 0.0, "time_reward": 0.0, "reward_errors": 0.0}
-    per = want // self.procs  # this process's share of each round: prompts [pid·per, (pid+1)·per)
-    mine = slice(self.pid * per, (self.pid + 1) * per)
-    while True:
-      idx, request_ids = self.stream.take(want)  # the global stream: the same on every process
-      part, info = self._generate(sampler, idx[mine], request_ids[mine], max_new=max_new, n=n)
-      for k in times:
-        times[k] += info[k]
-      drawn.append(part)
-      if not r.dynamic_sampling:
-        kept, n_kept = [part], want
-        break
-      flags = informative_groups(part.rewards, part.group_ids, part.num_groups)
-      if self.procs > 1:  # the same decision on every process: over all groups, in process order
-        flags = sharding.allgather_rows({"f": flags})[0]["f"]
-      good = np.flatnonzero(flags)[:want - n_kept]
-      local = good[(good >= mine.start) & (good < mine.stop)] - mine.start
-      if len(local):
-        kept.append(part.select_groups(local))
-      n_kept += len(good)
-      if n_kept >= want or len(drawn) >= r.max_rounds:
-        break
-    everything = self.global_view(concat_rollouts(drawn))
+    """The step's training batch from :attr:`source` (``None``: nothing to train on) and its metrics: reward,
+    accuracy and length statistics over every process's drawn samples, then the source's own metrics (and
+    ``tok_s/rollout`` from its ``time_generate``)."""
+    batch = self.source.rollout(step, self.train_prompts, self.stream)
+    everything = self.global_view(batch.drawn)
     metrics = self.rollout_metrics(everything)
-    metrics.update(times)
-    gen_tokens = float(everything.lengths.sum())
-    metrics["tok_s/rollout"] = gen_tokens / max(times["time_generate"], 1e-9)
-    if r.dynamic_sampling:
-      metrics["dynamic/groups_kept"] = float(n_kept)
-      metrics["dynamic/rounds"] = float(len(drawn))
-      metrics["dynamic/groups_generated"] = float(everything.num_groups)
-    if not n_kept:
-      return None, metrics
-    if not kept:  # other processes hold every kept group: an empty share (all processes still update)
-      return drawn[0].select_groups(np.zeros((0,), np.int64)), metrics
-    return concat_rollouts(kept), metrics
+    metrics.update(batch.metrics)
+    if "time_generate" in batch.metrics:
+      metrics["tok_s/rollout"] = float(everything.lengths.sum()) / max(batch.metrics["time_generate"], 1e-9)
+    return batch.rollout, metrics
 
   def global_view(self, ro: Rollout) -> Rollout:
     """The per-sample scalars of every process's ``ro`` (process order; group ids made global) for

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 def make_backend(args: argparse.Namespace, model, tokenizer):
   """The generate backend the parsed ``args`` ask for (``--backend`` and its knobs)."""
   from jaxrl import sampling
+  from jaxrl.rl import EngineConfig, build_engine
   if args.backend == "sampler":
     return sampling.Sampler(model, tokenizer, max_len=args.max_len)
   for key in ("num_slots", "block_size", "kv_cache_bytes", "num_blocks"):
@@ -47,9 +48,10 @@ def make_backend(args: argparse.Namespace, model, tokenizer):
   num_blocks = args.num_blocks
   if num_blocks is None and args.kv_cache_bytes is None:
     num_blocks = args.num_slots * (-(-args.max_len // args.block_size) + 1)
-  return sampling.Engine(model, tokenizer, num_slots=args.num_slots, max_len=args.max_len,
-                         block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes, num_blocks=num_blocks,
-                         max_top_logprobs=min(args.max_top_logprobs, model.cfg.vocab_size))
+  settings = EngineConfig(num_slots=args.num_slots, block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes,
+                          num_blocks=num_blocks)
+  return build_engine(model, tokenizer, settings, max_len=args.max_len,
+                      max_top_logprobs=min(args.max_top_logprobs, model.cfg.vocab_size))
 
 
 def build_app(argv: list[str] | None = None):
