@@ -8,6 +8,7 @@ from pathlib import Path
 
 from jaxrl import models, sampling
 from jaxrl.cli.sample import load_inference_model
+from jaxrl.rl import EngineConfig, build_engine
 from jaxrl.serve import ServerThread, create_app
 
 
@@ -51,9 +52,10 @@ def make_backend(args: argparse.Namespace, model, tokenizer):
   num_blocks = args.num_blocks
   if num_blocks is None and args.kv_cache_bytes is None:
     num_blocks = args.num_slots * (-(-args.max_len // args.block_size) + 1)
-  return sampling.Engine(model, tokenizer, num_slots=args.num_slots, max_len=args.max_len,
-                         block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes, num_blocks=num_blocks,
-                         max_top_logprobs=min(args.max_top_logprobs, model.cfg.vocab_size))
+  settings = EngineConfig(num_slots=args.num_slots, block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes,
+                          num_blocks=num_blocks)
+  return build_engine(model, tokenizer, settings, max_len=args.max_len,
+                      max_top_logprobs=min(args.max_top_logprobs, model.cfg.vocab_size))
 
 
 def build_app(argv: list[str] | None = None):

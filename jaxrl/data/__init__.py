@@ -39,6 +39,7 @@ from jaxrl.data._synthetic import (
     write_arithmetic_splits,
     write_jsonl,
 )
+from jaxrl.data._task_data import TaskData
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "PackingStats",
     "ParquetSource",
     "SkipReport",
+    "TaskData",
     "assign_rows",
     "build_tiny_tokenizer",
     "check_fingerprint",

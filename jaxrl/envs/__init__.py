@@ -9,7 +9,8 @@
 * :class:`MultiTurnRollout`: episodes on :class:`jaxrl.sampling.Sampler`, tool tokens masked out of
   the loss; ``arpo=ArpoConfig(...)`` adds entropy-based branching (:mod:`jaxrl.envs._arpo`).
 * :class:`AgenticTrainer` / :class:`AgenticRLConfig`: the RL trainer driven by an environment
-  (``jaxrl rl`` picks them when the config has an ``env:`` section). See ``docs/agentic.md``.
+  (``jaxrl rl`` picks them when the config has an ``env:`` section); its rollout source is
+  :class:`EpisodeRollout` (a :class:`jaxrl.rl.RolloutSource`). See ``docs/agentic.md``.
 
 Layer (docs/design.md): may import ``rl`` and the layers below; not ``plan``, ``serve``, ``bench`` or ``cli``.
 """
@@ -49,6 +50,7 @@ __all__ = [
     "AgenticRLConfig",
     "AgenticTrainer",
     "EnvSection",
+    "EpisodeRollout",
     "agent_metrics",
     "ArpoConfig",
     "Calculator",
@@ -81,7 +83,7 @@ __all__ = [
     "turn_request_id",
 ]
 
-_TRAINER = ("AgenticRLConfig", "AgenticTrainer", "EnvSection", "agent_metrics")
+_TRAINER = ("AgenticRLConfig", "AgenticTrainer", "EnvSection", "EpisodeRollout", "agent_metrics")
 
 
 def __getattr__(name: str):

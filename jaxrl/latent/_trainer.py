@@ -67,13 +67,10 @@ METHODS: dict[str, tuple[bool, ThoughtKind]] = {
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LatentData:
-  train: tuple[str, ...] = ()
-  "JSONL files of {question, steps, answer} records. Empty: use `builtin`."
-  heldout: tuple[str, ...] = ()
-  "Held-out JSONL files for accuracy."
-  builtin: data_lib.BuiltinTask | None = dataclasses.field(default_factory=data_lib.BuiltinTask)
-  "The built-in arithmetic task (its steps are the reasoning steps), used when `train` is empty."
+class LatentData(data_lib.TaskData):
+  """Where chains come from: JSONL files of {question, steps, answer} records (``heldout`` for accuracy); the
+  built-in arithmetic task's steps are the reasoning steps."""
+
   prosqa: ProsQAConfig | None = None
   "The generated ProsQA-style graph-reachability task; used instead of `builtin` when set (and `train` is empty)."
 
@@ -355,7 +352,7 @@ class CoconutTrainer:
     results.update(stages=stage_log, train_seconds=time.perf_counter() - t0, eval_after=self.evaluate())
     logger.log(cfg.steps, results["eval_after"])
     logger.close(title=f"latent/{cfg.method}")
-    (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    train.write_results(results, self.out_dir)  # one process: written unconditionally, as before
     return results
 
 

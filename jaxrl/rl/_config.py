@@ -33,16 +33,12 @@ class BuiltinPrompts(data_lib.BuiltinTask):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PromptData:
-  """Where prompts come from. A record is ``{"prompt": str | messages}`` or ``{"messages": [...]}``
-  plus the fields the reward function reads (``answer``, ``tests``, ...)."""
+class PromptData(data_lib.TaskData):
+  """Where prompts come from: JSONL ``train`` / ``heldout`` files. A record is ``{"prompt": str | messages}``
+  or ``{"messages": [...]}`` plus the fields the reward function reads (``answer``, ``tests``, ...)."""
 
-  train: tuple[str, ...] = ()
-  "JSONL prompt files. Empty: use `builtin`."
-  heldout: tuple[str, ...] = ()
-  "JSONL held-out prompt files for evaluation. Empty with `builtin`: the built-in held-out split."
   builtin: BuiltinPrompts | None = dataclasses.field(default_factory=BuiltinPrompts)
-  "The built-in task, used when `train` is empty."
+  "The built-in task as single-turn prompts, used when `train` is empty."
   shuffle_seed: int = 0
   "Seed of the per-epoch prompt shuffle."
   max_prompt_tokens: int = 1024
@@ -101,6 +97,9 @@ class EngineConfig:
   "KV-cache budget per device, in bytes; exclusive with `kv_cache_fraction`."
   kv_cache_fraction: float | None = None
   "KV-cache budget as a fraction of each device's free memory at engine start (where reported)."
+  num_blocks: int | None = None
+  ("KV-cache blocks in all (what `jaxrl serve --num-blocks` sets); exclusive with `kv_cache_bytes` and "
+   "`kv_cache_fraction`.")
   block_size: int = 16
   "Cache slots per block."
   steps_per_call: int = 8
@@ -119,8 +118,10 @@ class EngineConfig:
     if self.prefill_chunk is not None and (self.prefill_chunk < 1 or self.prefill_chunk % self.block_size):
       raise ValueError(f"rollout.engine.prefill_chunk must be a positive multiple of block_size={self.block_size}, "
                        f"got {self.prefill_chunk!r}")
-    if (self.kv_cache_bytes is None) == (self.kv_cache_fraction is None):
-      raise ValueError("rollout.engine: set exactly one of kv_cache_bytes and kv_cache_fraction")
+    if sum(x is not None for x in (self.kv_cache_bytes, self.kv_cache_fraction, self.num_blocks)) != 1:
+      raise ValueError("rollout.engine: set exactly one of kv_cache_bytes, kv_cache_fraction and num_blocks")
+    if self.num_blocks is not None and self.num_blocks < 1:
+      raise ValueError(f"rollout.engine.num_blocks must be >= 1, got {self.num_blocks!r}")
     if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
       raise ValueError(f"rollout.engine.kv_cache_bytes must be >= 1, got {self.kv_cache_bytes!r}")
     if self.kv_cache_fraction is not None and not 0 < self.kv_cache_fraction <= 1:
