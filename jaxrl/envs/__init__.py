@@ -90,6 +90,6 @@ def __getattr__(name: str):
   # The trainer pulls in jax and jaxrl.rl; imported on first use, so processes that only run tools
   # (reward pool workers unpickling a tool call) import the light modules above.
   if name in _TRAINER:
-    from jaxrl.envs import _trainer
+    from jaxrl.envs import _trainer  # lazy: the trainer pulls in JAX; reward-pool workers import envs without it
     return getattr(_trainer, name)
   raise AttributeError(f"module 'jaxrl.envs' has no attribute {name!r}")

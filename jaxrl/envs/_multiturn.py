@@ -153,7 +153,7 @@ class AgentBatch:
 
   def to_rollout(self, tokenizer=None):
     """A :class:`jaxrl.rl.Rollout` (``policy_mask`` and ``prefix_ids`` set) for the RL trainer."""
-    from jaxrl.rl._rollout import Rollout
+    from jaxrl.rl._rollout import Rollout  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
     a = self.arrays()
     texts = tuple(tokenizer.decode(t.tokens, skip_special_tokens=True) if tokenizer is not None else ""
                   for t in self.trajectories)
@@ -198,7 +198,7 @@ class MultiTurnRollout:
     self.max_turns, self.max_turn_tokens = int(max_turns), max_turn_tokens
     self.max_prompt_tokens = max_prompt_tokens
     self.encode_obs = ObservationEncoder(tokenizer, sampler.eos_token_ids)
-    from jaxrl.sampling import Engine
+    from jaxrl.sampling import Engine  # lazy: jaxrl.sampling pulls in JAX; reward-pool workers import envs without it
     self._engine = isinstance(sampler, Engine)
     self._pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="jaxrl-env")
 
@@ -419,7 +419,7 @@ class _EngineEpisodes:
                arpo: ArpoConfig | None = None, budget: dict[int, int] | None = None,
                top_up: Callable[[int], list[Trajectory]] | None = None):
     # jaxrl.sampling pulls in JAX: reward-pool workers that only unpickle tool calls import this module without it.
-    from jaxrl.sampling import Request
+    from jaxrl.sampling import Request  # lazy: jaxrl.sampling pulls in JAX; reward-pool workers import envs without it
     self.make_request = Request
     self.rollout, self.eng = rollout, rollout.sampler
     self.trajs, self.options, self.arpo, self.budget, self.top_up = trajs, options, arpo, budget, top_up

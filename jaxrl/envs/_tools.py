@@ -34,6 +34,9 @@ from typing import Any
 import numpy as np
 
 from jaxrl.envs._toolcall import ToolCall, ToolCallError
+from jaxrl.rewards._math_parser import _ParseError
+from jaxrl.rewards._math_parser import _parse
+from jaxrl.rewards import SandboxConfig, run_program
 
 ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "timeout", "output_too_long", "tool_error", "limit")
 
@@ -83,7 +86,6 @@ def check_arguments(tool, arguments: dict[str, Any]) -> None:
 
 
 def _exact(node) -> Fraction:
-  from jaxrl.rewards._math_parser import _ParseError
   kind = node[0]
   if kind == "num":
     return Fraction(node[1])
@@ -116,7 +118,6 @@ def calculate(expression: str) -> str:
     >>> calculate("123456789 * 987654321")
     '121932631112635269'
   """
-  from jaxrl.rewards._math_parser import _parse
   if len(expression) > 1000:
     raise ValueError("expression longer than 1000 characters")
   value = _exact(_parse(expression.replace("**", "^")))
@@ -156,7 +157,6 @@ class PythonTool:
     self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
 
   def __call__(self, *, code: str) -> str:
-    from jaxrl.rewards import SandboxConfig, run_program
     res = run_program(code, timeout_s=self.timeout_s, config=SandboxConfig(memory_mb=self.memory_mb))
     if res.status == "timeout":
       raise TimeoutError(f"python program timed out after {self.timeout_s:g} s")

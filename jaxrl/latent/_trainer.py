@@ -58,6 +58,7 @@ from jaxrl.latent._eot import eot_logits, eot_loss, init_eot_head
 from jaxrl.latent._forward import latent_hidden, packed_latent_hidden
 from jaxrl.latent._prosqa import ProsQAConfig, prosqa_chains
 from jaxrl.models._source import ModelSource
+from jaxrl import config as config_lib
 
 Method = Literal["coconut", "cot", "no_cot", "no_curriculum", "no_thought", "pause_as_thought"]
 METHODS: dict[str, tuple[bool, ThoughtKind]] = {
@@ -237,7 +238,6 @@ class CoconutTrainer:
     self.cfg = cfg
     self.out_dir = Path(cfg.out_dir)
     self.out_dir.mkdir(parents=True, exist_ok=True)
-    from jaxrl import config as config_lib
     (self.out_dir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
     self.mesh = cfg.mesh.build()
     self.rules = cfg.mesh.logical_rules()

@@ -10,14 +10,16 @@ lowered on abstract inputs at the recipe's ``rollout.engine`` settings.
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import models, sampling, sharding
-from jaxrl.plan._programs import PlanContext, Program, abstract, reference_params, register_programs, rollout_params
+from jaxrl.plan._programs import (PlanContext, Program, _distinct, abstract, device_bytes, recipe_stages, reference_params,
+                                  register_programs, rollout_params)
+from jaxrl.rl import rollout_max_len
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineBudget:
@@ -87,13 +89,17 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
                   *, free_bytes: int | None = None) -> EngineBudget:
   """The pool ``jaxrl.sampling.Engine`` allocates for ``engine_cfg`` (an ``rl.EngineConfig``) on ``mesh``.
 
-  ``kv_cache_bytes`` is per device; ``kv_cache_fraction`` needs ``free_bytes`` (the free memory per
+  ``num_blocks`` is the pool over all devices (rounded down to a multiple of its shards, as the engine
+  does); ``kv_cache_bytes`` is per device; ``kv_cache_fraction`` needs ``free_bytes`` (the free memory per
   device when the engine starts; the plan estimates it as HBM less the trainer's resident state).
   """
   dtype = jnp.dtype(model_cfg.dtype)
   shards, kv_split = sampling.cache_shards(model_cfg, mesh, rules)
   block_bytes = sampling.cache_block_bytes(model_cfg, engine_cfg.block_size, dtype)
-  if engine_cfg.kv_cache_bytes is not None:
+  num_blocks = getattr(engine_cfg, "num_blocks", None)
+  if num_blocks is not None:  # the engine rounds a block count down to a multiple of the pool's shards
+    num_blocks, source = int(num_blocks) - int(num_blocks) % shards, "rollout.engine.num_blocks"
+  elif engine_cfg.kv_cache_bytes is not None:
     per_device, source = int(engine_cfg.kv_cache_bytes), "rollout.engine.kv_cache_bytes"
   else:
     if free_bytes is None:
@@ -101,7 +107,8 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
                        "kv_cache_bytes to plan it")
     per_device = int(engine_cfg.kv_cache_fraction * free_bytes)
     source = f"estimate: kv_cache_fraction {engine_cfg.kv_cache_fraction} of {free_bytes / 2**30:.2f} GiB free"
-  num_blocks = sampling.budget_blocks(per_device, block_bytes, shards, kv_split)
+  if num_blocks is None:
+    num_blocks = sampling.budget_blocks(per_device, block_bytes, shards, kv_split)
   return EngineBudget(num_slots=engine_cfg.num_slots, block_size=engine_cfg.block_size, max_len=max_len,
                       num_blocks=num_blocks, shards=shards, kv_split=kv_split, block_bytes=block_bytes,
                       bytes_per_device=num_blocks // shards * (block_bytes // kv_split), cache_dtype=dtype.name,
@@ -109,17 +116,14 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
 
 
 def stage_max_len(cfg, step: int) -> int:
-  """The engine's ``max_len`` at RL step ``step`` of recipe ``cfg`` (``RLTrainer._sampler_for``: prompt +
-  the larger of the stage's and the evaluation's response budget)."""
-  from jaxrl.rl._trainer import RLTrainer
-  evaluation = RLTrainer._eval_max_new(types.SimpleNamespace(cfg=cfg), step)
-  return cfg.data.max_prompt_tokens + max(cfg.rollout.stage(step)[1], evaluation)
+  """The engine's ``max_len`` at RL step ``step`` of recipe ``cfg``: the trainer's own rule,
+  :func:`jaxrl.rl.rollout_max_len`."""
+  return rollout_max_len(cfg, step)
 
 
 def recipe_budgets(cfg, model_cfg: models.ModelConfig, mesh: Mesh, *, free_bytes: int | None = None,
                    ) -> list[tuple[str, EngineBudget]]:
   """``(stage tag, budget)`` per distinct engine ``max_len`` of an RL recipe's context stages."""
-  from jaxrl.plan._programs import _distinct, recipe_stages
   eng = cfg.rollout.engine
   if eng is None:
     return []
@@ -132,7 +136,6 @@ def recipe_budgets(cfg, model_cfg: models.ModelConfig, mesh: Mesh, *, free_bytes
 def _free_bytes(ctx: PlanContext) -> int | None:
   if ctx.hbm_bytes is None:
     return None
-  from jaxrl.plan._programs import device_bytes
   return ctx.hbm_bytes - device_bytes(_resident(ctx))
 
 

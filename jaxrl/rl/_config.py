@@ -17,6 +17,7 @@ from jaxrl.rl import _validate
 from jaxrl.rl._critic import CriticConfig
 from jaxrl.rl._async_config import AsyncConfig
 from jaxrl.targets import TARGETS
+from jaxrl import config as config_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -386,7 +387,6 @@ class RLConfig:
     if self.steps < 1:
       raise ValueError(f"steps must be >= 1, got {self.steps!r}")
     for target in self.plan.overrides:  # each target's variant must itself be a valid recipe
-      from jaxrl import config as config_lib
       data = config_lib.to_dict(dataclasses.replace(self, plan=PlanSection(targets=self.plan.targets,
                                                                            preset=self.plan.preset)))
       try:

@@ -49,6 +49,7 @@ from jaxrl.rl._packing import PackedBatch, pack_sequences, pad_micro_batches
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields
 from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
 from jaxrl.rl._source import EngineRollout, RolloutSource
+from jaxrl.rewards import close_judges
 
 _NOT_WEIGHTED = frozenset({"loss", "grad_norm", "lr", "skipped", "weight_sum", "loss_tokens", "logprob_diff_sum"})
 """Update metrics that are not Σ w·m weighted sums (the rest are divided by ``weight_sum``)."""
@@ -517,7 +518,6 @@ class RLTrainer:
   def close(self) -> None:
     self.preemption.uninstall()  # a run that raised leaves the handlers installed until here
     self.rewards.close()
-    from jaxrl.rewards import close_judges
     close_judges()  # judge servers this process launched (`judge.launch`)
 
 

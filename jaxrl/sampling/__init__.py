@@ -31,15 +31,14 @@ from jaxrl.sampling._engine import (
     paged_impl_for,
     prefill_batch_rows,
 )
-from jaxrl.sampling._engine import _programs as engine_programs
+from jaxrl.sampling._engine import engine_programs
 from jaxrl.sampling._latent import LatentSample, latent_sample
 from jaxrl.sampling._layers import unstack_layers
 from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask
 from jaxrl.sampling._paged import blocks_for
 from jaxrl.sampling._requests import FINISH_REASONS, Request, Stops, length_bucket
 from jaxrl.sampling._rows import SampleOutput, SamplerState, TopLogprobs
-from jaxrl.sampling._sampler import Sampler
-from jaxrl.sampling._sampler import _programs as sampler_programs
+from jaxrl.sampling._sampler import Sampler, sampler_programs
 
 __all__ = [
     "Completion",

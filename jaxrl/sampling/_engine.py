@@ -78,6 +78,7 @@ from jaxrl.sampling._requests import (
 )
 from jaxrl.sampling._rows import Rows, SampleOutput, TopLogprobs, decode_loop, emit, process_rows
 from jaxrl.sharding import LogicalRules
+from jaxrl.sharding import allgather_scalar
 
 _PAGED_IMPL = {"reference": "reference", "pallas_triton": "pallas_triton", "pallas_tpu": "pallas_tpu"}
 
@@ -307,7 +308,6 @@ class Engine:
       free = min(st["bytes_limit"] - st.get("bytes_in_use", 0) for st in stats)
       kv_cache_bytes = int(kv_cache_fraction * free)
       if self._procs > 1:  # the pool's shape must be the same on every process: the least free memory
-        from jaxrl.sharding import allgather_scalar
         kv_cache_bytes = int(allgather_scalar(kv_cache_bytes).min())
     if kv_cache_bytes is not None:
       if kv_cache_bytes <= 0:
@@ -327,7 +327,7 @@ class Engine:
     self._given_placed = bool(placed)
     self.graphdef, self.params = nnx.split(model if placed else self._placed(model))
     self.version = int(version)
-    self._programs = _programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
+    self._programs = engine_programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
                                self.cache_dtype, self.paged_impl, self.num_slots, self.max_len, self.max_blocks,
                                self.num_blocks, self.block_size, row_tile, max_top_logprobs, self.entropy)
     self.pages, self.slots = self._programs.init()
@@ -931,7 +931,6 @@ def _check_same_everywhere(requests: Sequence[Request], prompts: list[list[int]]
   """Raises unless every process submits the same requests (a CRC of them, compared across processes)."""
   import zlib
 
-  from jaxrl.sharding import allgather_scalar
   text = repr([(ids, dataclasses.replace(r, prompt=())) for r, ids in zip(requests, prompts)])
   digests = allgather_scalar(np.int64(zlib.crc32(text.encode())))
   if len(set(digests.tolist())) != 1:
@@ -1269,8 +1268,8 @@ def prefill_batch_rows(prefill_rows: int, shards: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
-              block_size, row_tile, top_logprobs: int = 0, entropy: bool = False) -> _Programs:
+def engine_programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
+                    block_size, row_tile, top_logprobs: int = 0, entropy: bool = False) -> _Programs:
   """The engine programs for one (model structure, mesh, rules, settings), memoized like the sampler's:
   engines of equal settings (each paged ``Sampler.generate`` call builds one) share compiled programs."""
   return _Programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,

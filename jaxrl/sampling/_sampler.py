@@ -125,7 +125,7 @@ class Sampler:
     self.graphdef, self.params = nnx.split(self._placed(model))
     self.version = int(version)
     self._dp = models.cache_axes(self.cfg, mesh, self.rules).shards
-    self._programs = _programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
+    self._programs = sampler_programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
                                self.cache_dtype, decode_impl)
 
   # ------------------------------------------------------------------------------------------------
@@ -628,7 +628,7 @@ class _Programs:
 
 
 @functools.lru_cache(maxsize=64)
-def _programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _Programs:
+def sampler_programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _Programs:
   return _Programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl)
 
 

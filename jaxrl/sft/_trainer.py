@@ -23,6 +23,8 @@ from flax import nnx
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
 from jaxrl.models._source import ModelSource
+from jaxrl import sampling
+from jaxrl import config as config_lib
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
                "TPU v5": 459.0, "TPU v6 lite": 918.0}
@@ -397,7 +399,6 @@ def sft_skip_report(source, stats, packing: data_lib.PackingConfig) -> data_lib.
 
 def heldout_exact_match(model, tokenizer, paths, *, n: int, max_new_tokens: int, mesh=None) -> float:
   """Fraction of the first ``n`` held-out records whose greedy completion has the right answer."""
-  from jaxrl import sampling
   records = []
   for p in paths:
     with open(p, encoding="utf-8") as f:
@@ -429,5 +430,4 @@ def _peak_tflops() -> float | None:
 
 
 def _to_json(cfg) -> Any:
-  from jaxrl import config as config_lib
   return config_lib.to_dict(cfg)

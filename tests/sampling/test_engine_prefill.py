@@ -19,7 +19,7 @@ def _programs(mesh, *, num_slots, max_len, block_size, num_blocks, row_tile=None
   rules = sharding.LogicalRules.default()
   model = models.Transformer(CFG, rngs=nnx.Rngs(0))  # unplaced: the reference forward
   graphdef, params = nnx.split(models.shard_model(model, mesh, rules))
-  progs = _engine._programs(graphdef, CFG, mesh, rules, jnp.float32, "reference", num_slots, max_len,
+  progs = _engine.engine_programs(graphdef, CFG, mesh, rules, jnp.float32, "reference", num_slots, max_len,
                             max_len // block_size, num_blocks, block_size, row_tile)
   return model, params, progs
 
