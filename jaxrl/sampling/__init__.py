@@ -21,17 +21,10 @@ nothing above.
 
 from jaxrl.models import cache_block_bytes, cache_shards
 from jaxrl.sampling._decode import decode_step
-from jaxrl.sampling._engine import (
-    Completion,
-    Engine,
-    EngineMetrics,
-    budget_blocks,
-    check_pool,
-    context_bucket,
-    paged_impl_for,
-    prefill_batch_rows,
-)
-from jaxrl.sampling._engine import engine_programs
+from jaxrl.sampling._engine import Engine
+from jaxrl.sampling._engine_pool import budget_blocks, check_pool
+from jaxrl.sampling._engine_programs import context_bucket, engine_programs, paged_impl_for, prefill_batch_rows
+from jaxrl.sampling._engine_rows import Completion, EngineMetrics
 from jaxrl.sampling._latent import LatentSample, latent_sample
 from jaxrl.sampling._layers import unstack_layers
 from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask

@@ -318,7 +318,7 @@ def test_paged_sampler_generate_keeps_the_samplers_contract(qwen3, qwen3_tokeniz
 def test_prefill_context_is_capped_at_the_rows_blocks(qwen3):
   """A prefill's context is the power-of-two bucket capped at ``max_blocks`` blocks: a 34-token prompt
   at ``max_len`` 40 runs over 40 slots (5 blocks), not 64, and still decodes the sampler's tokens."""
-  from jaxrl.sampling._engine import context_bucket
+  from jaxrl.sampling._engine_programs import context_bucket
   assert [context_bucket(n, 8, 16, 2176) for n in (5, 1000, 34_814)] == [16, 1024, 34_816]
   engine = _engine(qwen3, num_slots=2, max_len=40, num_blocks=16)
   prompt = np.random.default_rng(1).integers(0, 200, size=34).tolist()

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from jaxrl import models, sharding
-from jaxrl.sampling import _engine
+from jaxrl.sampling import _engine_programs as _engine
 
 CFG = models.ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
