@@ -31,7 +31,8 @@ from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs
 from jaxrl.sampling._paged import blocks_for
 from jaxrl.sampling._requests import FINISH_REASONS, Request, Stops, length_bucket
 from jaxrl.sampling._rows import SampleOutput, SamplerState, TopLogprobs
-from jaxrl.sampling._sampler import Sampler, sampler_programs
+from jaxrl.sampling._sampler import Sampler
+from jaxrl.sampling._sampler_programs import sampler_programs
 
 __all__ = [
     "Completion",

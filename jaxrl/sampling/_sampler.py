@@ -16,6 +16,8 @@ row state) is donated into the decode program.
 Randomness: row keys are ``fold_in(fold_in(key(seed), request_id), sample)`` and step ``i`` folds in
 ``i``, so draws do not depend on the row slot, the batch, the bucket or how a generation is split
 into interrupted chunks.
+
+The jitted programs (prefill, decode, recompute, fork) live in :mod:`jaxrl.sampling._sampler_programs`.
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from jaxrl import models
-from jaxrl.sampling import _decode, _latent, _layers
+from jaxrl.sampling import _layers
 from jaxrl.sampling._engine import Engine
 from jaxrl.sampling._paged import blocks_for
 from jaxrl.sampling._requests import (
@@ -48,10 +51,19 @@ from jaxrl.sampling._requests import (
     special_tokens,
     stop_string_end,
 )
-from jaxrl.sampling._rows import Rows, SampleOutput, SamplerState, TopLogprobs, decode_loop, emit, process_rows
+from jaxrl.sampling._rows import SampleOutput, SamplerState, TopLogprobs, process_rows
+from jaxrl.sampling._sampler_programs import sampler_programs
 from jaxrl.sharding import LogicalRules, allgather_scalar, to_host
 
-_FORK_TAG = 0x5EED
+
+class _PromptArgs(NamedTuple):
+  """One :meth:`Sampler.generate` call's per-prompt arguments, checked: an entry per prompt."""
+  temperature: np.ndarray  # [U] float32
+  top_p: np.ndarray  # [U] float32
+  top_k: np.ndarray  # [U] int32
+  min_p: np.ndarray  # [U] float32
+  request_ids: np.ndarray  # [U] ints in [0, 2**31)
+  thoughts: np.ndarray  # [U] int32, continuous thoughts per prompt (latent mode)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -163,27 +175,11 @@ class Sampler:
     self.params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, self.params))
     self.version = self.version + 1 if version is None else int(version)
 
-  def generate(
-      self,
-      prompts,
-      *,
-      n: int = 1,
-      max_new_tokens: int = 64,
-      temperature=1.0,
-      top_p=1.0,
-      top_k=0,
-      min_p=0.0,
-      seed: int = 0,
-      request_ids: Sequence[int] | None = None,
-      stop_token_ids: Sequence[int | str] = (),
-      stop_strings: Sequence[str] = (),
-      return_top_logprobs: int = 0,
-      return_entropy: bool = False,
-      max_steps: int | None = None,
-      return_state: bool = False,
-      thoughts=0,
-      eot: int | str | None = None,
-  ) -> SampleOutput:
+  def generate(self, prompts, *, n: int = 1, max_new_tokens: int = 64, temperature=1.0, top_p=1.0, top_k=0,
+               min_p=0.0, seed: int = 0, request_ids: Sequence[int] | None = None,
+               stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = (),
+               return_top_logprobs: int = 0, return_entropy: bool = False, max_steps: int | None = None,
+               return_state: bool = False, thoughts=0, eot: int | str | None = None) -> SampleOutput:
     """Samples ``n`` completions per prompt: one jitted prefill, then one jitted decode loop.
 
     Log-prob contract (both ``[N, max_new]`` float32, 0 after the end):
@@ -228,8 +224,32 @@ class Sampler:
     """
     ids = encode_prompts(self.tokenizer, prompts, vocab_size=self.cfg.vocab_size, max_len=self.max_len,
                          add_special_tokens=self.add_special_tokens)
-    count = len(ids)
     procs = jax.process_count() if self.mesh is not None else 1
+    self._check_counts(n=n, max_new_tokens=max_new_tokens, max_steps=max_steps,
+                       return_top_logprobs=return_top_logprobs)
+    args = self._prompt_args(len(ids), procs, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                             request_ids=request_ids)
+    stops, stop_strings = build_stops(self.tokenizer, self.cfg.vocab_size, self.eos_token_ids, stop_token_ids,
+                                      stop_strings)
+    args = args._replace(thoughts=per_prompt("thoughts", thoughts, len(ids), np.int32,
+                                             lambda x: x >= 0 and x == int(x)))
+    latent = eot is not None
+    ids = self._latent_prompts(ids, args.thoughts, eot)
+    if self.paged and not latent and max_steps is None and not return_state and self.decode_impl == "kernel":
+      return self._generate_paged(ids, procs=procs, n=n, max_new_tokens=max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed,
+                                  request_ids=args.request_ids, stop_token_ids=stop_token_ids,
+                                  stop_strings=stop_strings, return_top_logprobs=return_top_logprobs,
+                                  return_entropy=return_entropy)
+    return self._generate_dense(ids, args, procs=procs, n=n, max_new_tokens=max_new_tokens, seed=seed, stops=stops,
+                                stop_strings=stop_strings, k_top=return_top_logprobs, want_entropy=return_entropy,
+                                max_steps=max_steps, return_state=return_state, latent=latent)
+
+  # ------------------------------------------------------------------------------------------------
+  # generate's steps
+
+  def _check_counts(self, *, n, max_new_tokens, max_steps, return_top_logprobs) -> None:
+    """Refuses a bad ``n``, ``max_new_tokens``, ``max_steps`` or ``return_top_logprobs``."""
     if not isinstance(n, int) or n < 1:
       raise ValueError(f"n: must be a positive int, got {n!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
@@ -239,6 +259,10 @@ class Sampler:
     if not isinstance(return_top_logprobs, int) or not 0 <= return_top_logprobs <= self.cfg.vocab_size:
       raise ValueError(f"return_top_logprobs: must be an int in [0, {self.cfg.vocab_size}], got "
                        f"{return_top_logprobs!r}")
+
+  def _prompt_args(self, count: int, procs: int, *, temperature, top_p, top_k, min_p, request_ids) -> _PromptArgs:
+    """The sampling knobs and request ids of ``count`` prompts, checked, one entry per prompt (``thoughts``
+    zero). Default request ids are ``0..count-1``, offset by the process index on several processes."""
     temp = per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
     tp = per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
     tk = per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
@@ -249,74 +273,90 @@ class Sampler:
     if (request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer)
         or (request_ids < 0).any() or (request_ids >= 2**31).any()):
       raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
-    stops, stop_strings = build_stops(self.tokenizer, self.cfg.vocab_size, self.eos_token_ids, stop_token_ids,
-                                      stop_strings)
-    n_thoughts = per_prompt("thoughts", thoughts, count, np.int32, lambda x: x >= 0 and x == int(x))
-    latent = eot is not None
-    if n_thoughts.any() and not latent:
+    return _PromptArgs(temperature=temp, top_p=tp, top_k=tk, min_p=mp, request_ids=request_ids,
+                       thoughts=np.zeros((count,), np.int32))
+
+  def _latent_prompts(self, ids: list[list[int]], n_thoughts: np.ndarray, eot) -> list[list[int]]:
+    """``ids`` unchanged without ``eot``; in latent mode each prompt (ending with ``<bot>``) followed by a
+    placeholder slot per thought and ``<eot>`` (left pending), refused when it leaves no room."""
+    if n_thoughts.any() and eot is None:
       raise ValueError("thoughts: latent mode needs the <eot> id (eot=...); for a model trained without "
                        "markers use jaxrl.sampling.latent_sample")
-    if latent:  # prompt tokens (ending with <bot>), a placeholder slot per thought, then <eot> (left pending)
-      eot = check_token(self.tokenizer, self.cfg.vocab_size, eot, "eot")
-      ids = [x + [self.pad_token_id] * int(k) + [eot] for x, k in zip(ids, n_thoughts)]
-      for i, x in enumerate(ids):
-        if len(x) >= self.max_len:
-          raise ValueError(f"prompts[{i}] with {n_thoughts[i]} thoughts and <eot> takes {len(x)} slots, but "
-                           f"max_len={self.max_len} leaves no room for a completion; raise max_len")
-    if self.paged and not latent and max_steps is None and not return_state and self.decode_impl == "kernel":
-      return self._generate_paged(ids, procs=procs, n=n, max_new_tokens=max_new_tokens, temperature=temp, top_p=tp,
-                                  top_k=tk, min_p=mp, seed=seed, request_ids=request_ids,
-                                  stop_token_ids=stop_token_ids, stop_strings=stop_strings,
-                                  return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
-    local_count = count
-    if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
-      ids, (temp, tp, tk, mp, request_ids, n_thoughts) = gather_prompts(
-          ids, (temp, tp, tk, mp, request_ids, n_thoughts))
-      count = len(ids)
+    if eot is None:
+      return ids
+    eot = check_token(self.tokenizer, self.cfg.vocab_size, eot, "eot")
+    ids = [x + [self.pad_token_id] * int(k) + [eot] for x, k in zip(ids, n_thoughts)]
+    for i, x in enumerate(ids):
+      if len(x) >= self.max_len:
+        raise ValueError(f"prompts[{i}] with {n_thoughts[i]} thoughts and <eot> takes {len(x)} slots, but "
+                         f"max_len={self.max_len} leaves no room for a completion; raise max_len")
+    return ids
 
+  def _generate_dense(self, ids: list[list[int]], args: _PromptArgs, *, procs: int, n: int, max_new_tokens: int,
+                      seed: int, stops: Stops, stop_strings, k_top: int, want_entropy: bool, max_steps: int | None,
+                      return_state: bool, latent: bool) -> SampleOutput:
+    """:meth:`generate` on the whole-batch cache: one prefill of every prompt, then one decode loop over
+    all rows (at most ``max_steps`` tokens each)."""
+    local_count = len(ids)
+    if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
+      ids, gathered = gather_prompts(ids, tuple(args))
+      args = _PromptArgs(*gathered)
+    count = len(ids)
     lens = np.array([len(x) for x in ids], np.int32)
     row_max_new = np.minimum(max_new_tokens, self.max_len - lens)  # [count] completions cut at max_len
-    # Latent mode: a row with fewer thoughts than the longest still runs the whole thought loop, writing
-    # invisible slots up to (its tokens) + max thoughts; without thoughts this is lens.max().
-    p_bucket = length_bucket(int((lens - n_thoughts).max() + n_thoughts.max()), minimum=self.min_bucket)
     g_bucket = length_bucket(int(row_max_new.max()), minimum=self.min_bucket)
-    u_rows = self._row_bucket(count)
-    r_rows = self._row_bucket(count * n)
-    prompt_arr = np.zeros((u_rows, p_bucket), np.int32)
-    for i, x in enumerate(ids):
-      prompt_arr[i, :len(x)] = x
-    prompt_len = np.ones((u_rows,), np.int32)
-    prompt_len[:count] = lens
-    rows = np.arange(r_rows)
-    real = rows < count * n
-    src = np.where(real, rows // n, 0).astype(np.int32)
-
-    def per_row(a, fill):
-      return np.where(real, a[src], fill).astype(a.dtype)
-
-    max_new = per_row(row_max_new, 1).astype(np.int32)
-    args = dict(
-        prompt=prompt_arr, prompt_len=prompt_len, src=src, active=real,
-        request=per_row(request_ids.astype(np.int32), 0), sample=np.where(real, rows % n, 0).astype(np.int32),
-        temperature=per_row(temp, 0.0), top_k=per_row(tk, 0), top_p=per_row(tp, 1.0), min_p=per_row(mp, 0.0),
-        max_new=max_new)
-    args = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jax.device_put(v) for k, v in args.items()}
+    inputs, latent_kw = self._prefill_inputs(ids, args, n=n, row_max_new=row_max_new, latent=latent)
     budget = jnp.int32(g_bucket if max_steps is None else max_steps)
-    latent_kw = {}
-    if latent:
-      n_arr = np.zeros((u_rows,), np.int32)
-      n_arr[:count] = n_thoughts
-      latent_kw = dict(n_thoughts=jax.device_put(n_arr), max_thoughts=int(n_thoughts.max()))
-    rows_out = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **args, gen_len=g_bucket,
-                                      k_top=return_top_logprobs, want_entropy=return_entropy, **latent_kw)
-    rows_out = self._programs.decode(self.params, rows_out, stops, budget, jnp.int32(self.version))
-    state = SamplerState(rows=rows_out, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
+    rows = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **inputs, gen_len=g_bucket, k_top=k_top,
+                                  want_entropy=want_entropy, **latent_kw)
+    rows = self._programs.decode(self.params, rows, stops, budget, jnp.int32(self.version))
+    state = SamplerState(rows=rows, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
                          prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings,
                          latent=latent)
     out = self._finish(state, return_state=return_state)
     if procs > 1:
       out = process_rows(out, jax.process_index() * local_count, local_count, n)
     return out
+
+  def _prefill_inputs(self, ids: list[list[int]], args: _PromptArgs, *, n: int, row_max_new: np.ndarray,
+                      latent: bool) -> tuple[dict, dict]:
+    """The prefill program's inputs, placed: prompts right-padded to their length bucket, on ``U`` rows
+    (a row bucket), and per sample row (``R = U·n``, a row bucket) its prompt, key parts and knobs; with
+    the latent-mode keywords (thoughts per prompt, their static most)."""
+    count = len(ids)
+    lens = np.array([len(x) for x in ids], np.int32)
+    n_thoughts = args.thoughts
+    # Latent mode: a row with fewer thoughts than the longest still runs the whole thought loop, writing
+    # invisible slots up to (its tokens) + max thoughts; without thoughts this is lens.max().
+    p_bucket = length_bucket(int((lens - n_thoughts).max() + n_thoughts.max()), minimum=self.min_bucket)
+    u_rows = self._row_bucket(count)
+    r_rows = self._row_bucket(count * n)
+    prompt_arr = np.zeros((u_rows, p_bucket), np.int32)  # [U, P]
+    for i, x in enumerate(ids):
+      prompt_arr[i, :len(x)] = x
+    prompt_len = np.ones((u_rows,), np.int32)
+    prompt_len[:count] = lens
+    rows = np.arange(r_rows)
+    real = rows < count * n
+    src = np.where(real, rows // n, 0).astype(np.int32)  # [R] prompt of each sample row
+
+    def per_row(a, fill):
+      return np.where(real, a[src], fill).astype(a.dtype)
+
+    max_new = per_row(row_max_new, 1).astype(np.int32)
+    inputs = dict(
+        prompt=prompt_arr, prompt_len=prompt_len, src=src, active=real,
+        request=per_row(args.request_ids.astype(np.int32), 0), sample=np.where(real, rows % n, 0).astype(np.int32),
+        temperature=per_row(args.temperature, 0.0), top_k=per_row(args.top_k, 0), top_p=per_row(args.top_p, 1.0),
+        min_p=per_row(args.min_p, 0.0), max_new=max_new)
+    inputs = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jax.device_put(v)
+              for k, v in inputs.items()}
+    latent_kw = {}
+    if latent:
+      n_arr = np.zeros((u_rows,), np.int32)
+      n_arr[:count] = n_thoughts
+      latent_kw = dict(n_thoughts=jax.device_put(n_arr), max_thoughts=int(n_thoughts.max()))
+    return inputs, latent_kw
 
   def _generate_paged(self, ids: list[list[int]], *, procs: int, n: int, max_new_tokens: int, **kw) -> SampleOutput:
     """:meth:`generate` on a rollout engine sized to this call: a slot per row (the row bucket of the
@@ -495,163 +535,3 @@ class Sampler:
         lengths=lengths, finish_reason=[FINISH_REASONS[c] for c in reason], versions=clip(host["versions"], -1),
         prompt_lengths=host["prompt_len"].astype(np.int32), prompt_index=state.prompt_index.copy(), texts=texts,
         top_logprobs=top, entropy=clip(host["entropy"], 0.0), state=state if keep else None)
-
-class _Programs:
-  """The jitted device programs for one (model structure, mesh, options); shared by equal samplers.
-
-  ``counts`` counts traces per program: a trace happens exactly when a program compiles for a new
-  input shape bucket.
-  """
-
-  def __init__(self, graphdef, cfg, mesh, rules, cache_dtype, decode_impl):
-    self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
-    self.cache_dtype, self.decode_impl = cache_dtype, decode_impl
-    self.counts: collections.Counter[str] = collections.Counter()
-    self.prefill = jax.jit(self._prefill_program,
-                           static_argnames=("gen_len", "k_top", "want_entropy", "max_thoughts"))
-    self.decode = jax.jit(self._decode_program, donate_argnames=("rows",))
-    self.recompute = jax.jit(self._recompute_program, donate_argnames=("rows",))
-    self.fork = jax.jit(self._fork_program)
-
-  def row_sharding(self, ndim: int) -> NamedSharding | None:
-    if self.mesh is None:
-      return None
-    return NamedSharding(self.mesh, PartitionSpec(*self.rules.spec(("cache_batch",), self.mesh), *[None] * (ndim - 1)))
-
-  def constrain_rows(self, rows: Rows) -> Rows:
-    if self.mesh is None:
-      return rows
-    axes = models.KVCache.logical_axes()
-    cache = jax.tree.map(
-        lambda x, names: jax.lax.with_sharding_constraint(x, self.rules.sharding(names, self.mesh, x.shape)),
-        rows.cache, axes, is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x))
-
-    def one(x):
-      return jax.lax.with_sharding_constraint(x, self.row_sharding(x.ndim)) if x is not None else None
-    rest = {f: one(getattr(rows, f)) for f in Rows._fields if f != "cache" and f != "keys"}
-    return rows._replace(cache=cache, **rest)
-
-  def _prefill_program(self, params, seed, *, prompt, prompt_len, src, active, request, sample, temperature,
-                       top_k, top_p, min_p, max_new, gen_len, k_top, want_entropy, n_thoughts=None,
-                       max_thoughts=0):
-    """Prefills every prompt's first ``p - 1`` tokens once and copies the cache to its sample rows.
-
-    The last prompt token is left pending (``n_gen = 0``): the first decode step feeds it and samples
-    token 0, so sampling is compiled once, inside the loop.
-
-    Latent mode (``n_thoughts [U]``, at most the static ``max_thoughts``): prompt ``u`` is its tokens
-    (ending with ``<bot>``), ``n_thoughts[u]`` placeholder slots, then ``<eot>``. Its tokens are
-    prefilled, the continuous thoughts are fed into the placeholder slots
-    (:func:`jaxrl.sampling._latent.feed_thoughts`), and ``<eot>`` is left pending.
-    """
-    self.counts["prefill"] += 1
-    model = nnx.merge(self.graphdef, params)
-    cfg = self.cfg
-    u, p = prompt.shape
-    r = src.shape[0]
-    s = p + gen_len
-    filled = prompt_len - 1 if n_thoughts is None else prompt_len - 1 - n_thoughts  # [U] tokens to prefill
-    with jax.named_scope("prefill"):
-      seg = (jnp.arange(p)[None, :] < filled[:, None]).astype(jnp.int32)  # [U, P]
-      pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (u, p))
-      cache = models.KVCache.init(cfg, u, p, self.cache_dtype)
-      h, cache = model(prompt, positions=pos, segment_ids=seg, cache=cache,
-                       cache_start=jnp.zeros((u,), jnp.int32), return_hidden=True)
-    if max_thoughts:
-      with jax.named_scope("thoughts"):  # thought j at slot = position filled + j: the row stays a contiguous prefix
-        last = h[jnp.arange(u), filled - 1]  # [U, D]: hidden state of each prompt's <bot>
-        cache, _, _, _ = _latent.feed_thoughts(self.graphdef, params, None, cache, last, slot=filled, pos=filled,
-                                               thoughts=max_thoughts, limit=n_thoughts)
-
-    def grow(x, axis):  # pad the slot axis to S, then copy prompt rows to sample rows
-      widths = [(0, 0)] * x.ndim
-      widths[axis] = (0, s - p)
-      return jnp.take(jnp.pad(x, widths), src, axis=axis - 1)
-
-    cache = models.KVCache(k=grow(cache.k, 2), v=grow(cache.v, 2), segment_ids=grow(cache.segment_ids, 1),
-                           positions=grow(cache.positions, 1))
-    base = jax.random.key(seed)
-    keys = jax.vmap(lambda q, j: jax.random.fold_in(jax.random.fold_in(base, q), j))(request, sample)
-    g = gen_len
-    rows = Rows(
-        cache=cache, prompt=prompt[src], prompt_len=prompt_len[src],
-        tokens=jnp.zeros((r, g), jnp.int32), logprobs=jnp.zeros((r, g), jnp.float32),
-        sampling_logprobs=jnp.zeros((r, g), jnp.float32), versions=jnp.full((r, g), -1, jnp.int32),
-        entropy=jnp.zeros((r, g), jnp.float32) if want_entropy else None,
-        top_ids=jnp.zeros((r, g, k_top), jnp.int32) if k_top else None,
-        top_values=jnp.zeros((r, g, k_top), jnp.float32) if k_top else None,
-        n_gen=jnp.zeros((r,), jnp.int32), done=~active, reason=jnp.zeros((r,), jnp.int32), keys=keys,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new=max_new)
-    return self.constrain_rows(rows)
-
-  def _recompute_program(self, params, rows):
-    self.counts["recompute"] += 1
-    model = nnx.merge(self.graphdef, params)
-    with jax.named_scope("recompute_cache"):
-      rows = rows._replace(cache=_recompute_cache(model, rows, self.cache_dtype))
-    return self.constrain_rows(rows)
-
-  def _decode_program(self, params, rows, stops, budget, version):
-    self.counts["decode"] += 1
-    _, rows, _ = decode_loop(functools.partial(self._advance, stops=stops, version=version), params, None, rows,
-                             budget)
-    return rows
-
-  def _fork_program(self, rows, src, child, real):
-    self.counts["fork"] += 1
-    take = lambda x: None if x is None else jnp.take(x, src, axis=0)
-    cache = rows.cache
-    new_cache = models.KVCache(k=jnp.take(cache.k, src, axis=1), v=jnp.take(cache.v, src, axis=1),
-                               segment_ids=take(cache.segment_ids), positions=take(cache.positions))
-    fields = {f: take(getattr(rows, f)) for f in Rows._fields if f != "cache"}
-    keys = jax.vmap(lambda k, j: jax.random.fold_in(jax.random.fold_in(k, _FORK_TAG), j))(fields["keys"], child)
-    fields.update(keys=keys, done=fields["done"] | ~real)
-    return self.constrain_rows(Rows(cache=new_cache, **fields))
-
-  def _advance(self, params, carry: None, rows: Rows, *, stops: Stops, version) -> tuple[None, Rows]:
-    """One decode step of every row (:func:`decode_loop`'s ``advance``): feed its pending token through
-    the dense cache in ``rows``, sample the next."""
-    model = nnx.merge(self.graphdef, params)
-    pos = rows.prompt_len + rows.n_gen - 1  # [R] slot of the pending token
-    token = jnp.where(
-        rows.n_gen > 0,
-        jnp.take_along_axis(rows.tokens, jnp.maximum(rows.n_gen - 1, 0)[:, None], axis=1)[:, 0],
-        jnp.take_along_axis(rows.prompt, jnp.maximum(pos, 0)[:, None], axis=1)[:, 0])
-    if self.decode_impl == "kernel":
-      logits, cache = _decode.decode_step(model, token, pos, rows.cache, mesh=self.mesh, rules=self.rules)
-    else:
-      out, cache = model(token[:, None], positions=pos[:, None], segment_ids=jnp.ones_like(pos)[:, None],
-                         cache=rows.cache, cache_start=pos)
-      logits = out[:, 0]
-    rows = self.constrain_rows(rows._replace(cache=cache))
-    return carry, emit(rows, logits, version, stops)
-
-
-@functools.lru_cache(maxsize=64)
-def sampler_programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _Programs:
-  return _Programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl)
-
-
-# --------------------------------------------------------------------------------------------------
-# Pure device functions
-
-
-def _recompute_cache(model, rows: Rows, dtype) -> models.KVCache:
-  """KV cache of every row's sequence (prompt + generated) except the pending last token, in one prefill."""
-  r, p = rows.prompt.shape
-  s = rows.cache.k.shape[2]
-  slot = jnp.arange(s)[None, :]  # [1, S]
-  pl = rows.prompt_len[:, None]
-  gen_idx = jnp.clip(slot - pl, 0, rows.tokens.shape[1] - 1)
-  from_prompt = jnp.pad(rows.prompt, ((0, 0), (0, s - p)))  # [R, S]
-  from_gen = jnp.take_along_axis(rows.tokens, gen_idx, axis=1)
-  tokens = jnp.where(slot < pl, from_prompt, from_gen)  # [R, S]
-  valid = slot < pl + rows.n_gen[:, None] - 1
-  seg = valid.astype(jnp.int32)
-  tokens = jnp.where(valid, tokens, 0)
-  pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (r, s))
-  cache = models.KVCache.init(model.cfg, r, s, dtype)
-  _, cache = model(tokens, positions=pos, segment_ids=seg, cache=cache, cache_start=jnp.zeros((r,), jnp.int32),
-                   return_hidden=True)
-  return cache
-
