@@ -78,10 +78,11 @@ from jaxrl.sampling._paged import BlockPool, blocks_for
 from jaxrl.sampling._requests import (
     Request,
     build_stops,
+    check_counts,
     check_token,
     encode_prompts,
     gather_prompts,
-    per_prompt,
+    prompt_args,
     special_tokens,
 )
 from jaxrl.sampling._rows import SampleOutput, process_rows
@@ -361,20 +362,10 @@ class Engine(Scheduler):
                          add_special_tokens=self.add_special_tokens)
     count = len(ids)
     procs = self._procs
-    if not isinstance(n, int) or n < 1:
-      raise ValueError(f"n: must be a positive int, got {n!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-      raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
-    temp = per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
-    tp = per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
-    tk = per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
-    mp = per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
-    if request_ids is None:  # as Sampler.generate: process p's prompts get ids p·count + 0..count-1
-      request_ids = np.arange(count) + (jax.process_index() * count if procs > 1 else 0)
-    rid = np.asarray(request_ids)
-    if (rid.shape != (count,) or not np.issubdtype(rid.dtype, np.integer) or (rid < 0).any()
-        or (rid >= 2**31).any()):
-      raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
+    check_counts(n=n, max_new_tokens=max_new_tokens)
+    args = prompt_args(count, procs, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                       request_ids=request_ids)
+    temp, tp, tk, mp, rid = args.temperature, args.top_p, args.top_k, args.min_p, args.request_ids
     self.set_stops(stop_token_ids, stop_strings)
     local_count = count
     if procs > 1:  # each process passed its own prompts: schedule all of them everywhere, return this process's rows

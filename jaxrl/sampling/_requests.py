@@ -179,6 +179,43 @@ def stop_string_end(tokenizer, tokens: np.ndarray, stop_strings: tuple[str, ...]
   return lo
 
 
+class PromptArgs(NamedTuple):
+  """One ``generate`` call's per-prompt arguments, checked: an entry per prompt."""
+  temperature: np.ndarray  # [U] float32
+  top_p: np.ndarray  # [U] float32
+  top_k: np.ndarray  # [U] int32
+  min_p: np.ndarray  # [U] float32
+  request_ids: np.ndarray  # [U] ints in [0, 2**31)
+  thoughts: np.ndarray  # [U] int32, continuous thoughts per prompt (latent mode; zero otherwise)
+
+
+def check_counts(*, n, max_new_tokens) -> None:
+  """Refuses a bad ``n`` (samples per prompt) or ``max_new_tokens`` of a ``generate`` call."""
+  if not isinstance(n, int) or n < 1:
+    raise ValueError(f"n: must be a positive int, got {n!r}")
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+    raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
+
+
+def prompt_args(count: int, procs: int, *, temperature, top_p, top_k, min_p, request_ids) -> PromptArgs:
+  """The sampling knobs and request ids of ``count`` prompts, checked, one entry per prompt (``thoughts``
+  zero). Default request ids are ``0..count-1``, offset by ``process_index * count`` on several processes,
+  so that every process's rows get distinct ids (and draws) on the same schedule; the sampler and the
+  engine both take them from here."""
+  temp = per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
+  tp = per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
+  tk = per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
+  mp = per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
+  if request_ids is None:
+    request_ids = np.arange(count) + (jax.process_index() * count if procs > 1 else 0)
+  request_ids = np.asarray(request_ids)
+  if (request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer)
+      or (request_ids < 0).any() or (request_ids >= 2**31).any()):
+    raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
+  return PromptArgs(temperature=temp, top_p=tp, top_k=tk, min_p=mp, request_ids=request_ids,
+                    thoughts=np.zeros((count,), np.int32))
+
+
 def gather_prompts(ids: list[list[int]], per_prompt: tuple[np.ndarray, ...]):
   """Every process's prompts and per-prompt arrays, process 0's first (equal counts are required)."""
   counts = sharding.allgather_scalar(len(ids))

@@ -26,7 +26,6 @@ import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,30 +39,23 @@ from jaxrl.sampling._engine import Engine
 from jaxrl.sampling._paged import blocks_for
 from jaxrl.sampling._requests import (
     FINISH_REASONS,
+    PromptArgs,
     Stops,
     build_stops,
+    check_counts,
     check_token,
     encode_prompts,
     gather_prompts,
     length_bucket,
     next_pow2,
     per_prompt,
+    prompt_args,
     special_tokens,
     stop_string_end,
 )
 from jaxrl.sampling._rows import SampleOutput, SamplerState, TopLogprobs, process_rows
 from jaxrl.sampling._sampler_programs import sampler_programs
 from jaxrl.sharding import LogicalRules, allgather_scalar, to_host
-
-
-class _PromptArgs(NamedTuple):
-  """One :meth:`Sampler.generate` call's per-prompt arguments, checked: an entry per prompt."""
-  temperature: np.ndarray  # [U] float32
-  top_p: np.ndarray  # [U] float32
-  top_k: np.ndarray  # [U] int32
-  min_p: np.ndarray  # [U] float32
-  request_ids: np.ndarray  # [U] ints in [0, 2**31)
-  thoughts: np.ndarray  # [U] int32, continuous thoughts per prompt (latent mode)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,8 +219,8 @@ class Sampler:
     procs = jax.process_count() if self.mesh is not None else 1
     self._check_counts(n=n, max_new_tokens=max_new_tokens, max_steps=max_steps,
                        return_top_logprobs=return_top_logprobs)
-    args = self._prompt_args(len(ids), procs, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                             request_ids=request_ids)
+    args = prompt_args(len(ids), procs, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                       request_ids=request_ids)
     stops, stop_strings = build_stops(self.tokenizer, self.cfg.vocab_size, self.eos_token_ids, stop_token_ids,
                                       stop_strings)
     args = args._replace(thoughts=per_prompt("thoughts", thoughts, len(ids), np.int32,
@@ -250,31 +242,12 @@ class Sampler:
 
   def _check_counts(self, *, n, max_new_tokens, max_steps, return_top_logprobs) -> None:
     """Refuses a bad ``n``, ``max_new_tokens``, ``max_steps`` or ``return_top_logprobs``."""
-    if not isinstance(n, int) or n < 1:
-      raise ValueError(f"n: must be a positive int, got {n!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-      raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
+    check_counts(n=n, max_new_tokens=max_new_tokens)
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps <= 0):
       raise ValueError(f"max_steps: must be a positive int or None, got {max_steps!r}")
     if not isinstance(return_top_logprobs, int) or not 0 <= return_top_logprobs <= self.cfg.vocab_size:
       raise ValueError(f"return_top_logprobs: must be an int in [0, {self.cfg.vocab_size}], got "
                        f"{return_top_logprobs!r}")
-
-  def _prompt_args(self, count: int, procs: int, *, temperature, top_p, top_k, min_p, request_ids) -> _PromptArgs:
-    """The sampling knobs and request ids of ``count`` prompts, checked, one entry per prompt (``thoughts``
-    zero). Default request ids are ``0..count-1``, offset by the process index on several processes."""
-    temp = per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
-    tp = per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
-    tk = per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
-    mp = per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
-    if request_ids is None:
-      request_ids = np.arange(count) + (jax.process_index() * count if procs > 1 else 0)
-    request_ids = np.asarray(request_ids)
-    if (request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer)
-        or (request_ids < 0).any() or (request_ids >= 2**31).any()):
-      raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
-    return _PromptArgs(temperature=temp, top_p=tp, top_k=tk, min_p=mp, request_ids=request_ids,
-                       thoughts=np.zeros((count,), np.int32))
 
   def _latent_prompts(self, ids: list[list[int]], n_thoughts: np.ndarray, eot) -> list[list[int]]:
     """``ids`` unchanged without ``eot``; in latent mode each prompt (ending with ``<bot>``) followed by a
@@ -292,7 +265,7 @@ class Sampler:
                          f"max_len={self.max_len} leaves no room for a completion; raise max_len")
     return ids
 
-  def _generate_dense(self, ids: list[list[int]], args: _PromptArgs, *, procs: int, n: int, max_new_tokens: int,
+  def _generate_dense(self, ids: list[list[int]], args: PromptArgs, *, procs: int, n: int, max_new_tokens: int,
                       seed: int, stops: Stops, stop_strings, k_top: int, want_entropy: bool, max_steps: int | None,
                       return_state: bool, latent: bool) -> SampleOutput:
     """:meth:`generate` on the whole-batch cache: one prefill of every prompt, then one decode loop over
@@ -300,7 +273,7 @@ class Sampler:
     local_count = len(ids)
     if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
       ids, gathered = gather_prompts(ids, tuple(args))
-      args = _PromptArgs(*gathered)
+      args = PromptArgs(*gathered)
     count = len(ids)
     lens = np.array([len(x) for x in ids], np.int32)
     row_max_new = np.minimum(max_new_tokens, self.max_len - lens)  # [count] completions cut at max_len
@@ -318,7 +291,7 @@ class Sampler:
       out = process_rows(out, jax.process_index() * local_count, local_count, n)
     return out
 
-  def _prefill_inputs(self, ids: list[list[int]], args: _PromptArgs, *, n: int, row_max_new: np.ndarray,
+  def _prefill_inputs(self, ids: list[list[int]], args: PromptArgs, *, n: int, row_max_new: np.ndarray,
                       latent: bool) -> tuple[dict, dict]:
     """The prefill program's inputs, placed: prompts right-padded to their length bucket, on ``U`` rows
     (a row bucket), and per sample row (``R = U·n``, a row bucket) its prompt, key parts and knobs; with
