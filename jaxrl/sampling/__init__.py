@@ -21,6 +21,7 @@ nothing above.
 
 from jaxrl.models import cache_block_bytes, cache_shards
 from jaxrl.sampling._decode import decode_step
+from jaxrl.sampling._detok import IncrementalDetokenizer, TokenBytes
 from jaxrl.sampling._engine import (
     Completion,
     Engine,
@@ -45,6 +46,7 @@ __all__ = [
     "Engine",
     "EngineMetrics",
     "FINISH_REASONS",
+    "IncrementalDetokenizer",
     "LatentSample",
     "Request",
     "SampleOutput",
@@ -52,6 +54,7 @@ __all__ = [
     "Sampler",
     "SamplerState",
     "Stops",
+    "TokenBytes",
     "TopLogprobs",
     "blocks_for",
     "budget_blocks",
