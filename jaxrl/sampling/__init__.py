@@ -21,6 +21,7 @@ nothing above.
 
 from jaxrl.models import cache_block_bytes, cache_shards
 from jaxrl.sampling._decode import decode_step
+from jaxrl.sampling._detok import IncrementalDetokenizer, TokenBytes
 from jaxrl.sampling._engine import Engine
 from jaxrl.sampling._engine_pool import budget_blocks, check_pool
 from jaxrl.sampling._engine_programs import context_bucket, engine_programs, paged_impl_for, prefill_batch_rows
@@ -39,6 +40,7 @@ __all__ = [
     "Engine",
     "EngineMetrics",
     "FINISH_REASONS",
+    "IncrementalDetokenizer",
     "LatentSample",
     "Request",
     "SampleOutput",
@@ -46,6 +48,7 @@ __all__ = [
     "Sampler",
     "SamplerState",
     "Stops",
+    "TokenBytes",
     "TopLogprobs",
     "blocks_for",
     "budget_blocks",
