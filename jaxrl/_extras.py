@@ -20,7 +20,6 @@ EXTRAS: dict[str, str] = {
     "reasoning_gym": "rewards",
     "libtpu": "plan",
     "jax_cuda12_plugin": "plan",
-    "jax_plugins": "plan",
 }
 """Top-level module of an optional dependency -> the ``jaxrl`` extra (pyproject.toml) that installs it."""
 
