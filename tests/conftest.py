@@ -10,6 +10,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import jaxrl  # noqa: E402,F401  (before JAX: its first import drops the CUDA stub's notices, jaxrl/_platform.py)
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)

@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from jaxrl import _cache
+from jaxrl import _cache, _extras
 from jaxrl.config import ConfigError
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "jaxrl.cli.convert:main"),
 }
 """Command name -> (help line, ``module:function`` that runs it with the rest of the command line)."""
+
+NEEDS: dict[str, tuple[str, ...]] = {"serve": ("fastapi", "uvicorn")}
+"""Command name -> the optional modules it cannot start without, checked before it loads anything."""
 
 
 def _runner(target: str) -> Callable[[list[str]], int]:
@@ -64,7 +67,8 @@ def _user_error(e: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """Runs a command; user errors (config, data, missing files) end with one line on stderr and status 2."""
+  """Runs a command; user errors (config, data, missing files, a missing optional extra) end with one line
+  on stderr and status 2."""
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
     return _main(argv)
@@ -73,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(e, Preempted):  # SIGTERM/SIGINT: final checkpoint written; 128 + signal (docs/reliability.md)
       print(f"jaxrl {argv[0] if argv else ''}: {e}", file=sys.stderr)
       return e.exit_code
+    missing = _extras.missing_extra(e)
+    if missing is not None:  # one line: what is missing and the pip install that brings it
+      print(f"jaxrl {argv[0] if argv else ''}: error: {missing}", file=sys.stderr)
+      return 2
     kind = _user_error(e)
     if kind is None:
       raise
@@ -83,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
   argv = _cache.from_argv(argv)  # a leading --xla-cache DIR|off; the persistent compilation cache is on
   if argv and argv[0] in PASSTHROUGH:
+    for module in NEEDS.get(argv[0], ()):
+      _extras.require(module)
     return PASSTHROUGH[argv[0]](argv[1:])
   parser = argparse.ArgumentParser(prog="jaxrl", description="JAX-native LLM post-training", epilog=_cache.HELP)
   sub = parser.add_subparsers(dest="command", required=True)

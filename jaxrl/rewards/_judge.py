@@ -43,6 +43,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from jaxrl import _extras
 from jaxrl.config import from_dict
 from jaxrl.rewards._judge_cache import ResponseCache, request_key
 from jaxrl.rewards._judge_launch import JudgeLaunch, ServeProcess
@@ -153,7 +154,7 @@ class Judge:
   """A thread-safe judge client (see the module docstring). Share one per process with `get_judge`."""
 
   def __init__(self, config: JudgeConfig | None = None, **kwargs):
-    import openai  # optional dependency (the `judge` extra): imported only when a judge is built
+    openai = _extras.require("openai")  # optional (the serve extra): imported only when a judge is built
 
     self.config = config = config or JudgeConfig(**kwargs)
     self.profile = PROVIDERS[config.provider]
