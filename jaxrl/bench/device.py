@@ -315,9 +315,8 @@ def _train_case(ctx: plan.PlanContext, state, shapes: Shapes, target: Target) ->
   abstract_batch = prog.args[1]
   flag = jax.device_put(np.asarray(False), prog.args[2].sharding)  # as the plan lowers it: one program
   rows = abstract_batch["tokens"].shape[0]
-  micro = shapes.token_budget // shapes.row_len
-  micro = max(1, rows // micro)
-  batch = _concrete_batch(abstract_batch, vocab=ctx.model_cfg.vocab_size, micro=micro,
+  num_micro = max(1, rows // (shapes.token_budget // shapes.row_len))  # rows are [R·M] interleaved
+  batch = _concrete_batch(abstract_batch, vocab=ctx.model_cfg.vocab_size, micro=num_micro,
                           groups=ctx.cfg.rollout.prompts_per_step)
   holder = [state]
 
@@ -374,8 +373,10 @@ def _guard(results: dict[str, Any], name: str, fn: Callable[[], Any], *, log=pri
   return results[name]
 
 
-def run(shapes: Shapes, *, log=print, checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-  """Every section on this process's first device; the JSON-ready result (``meta`` and ``sections``).
+def run(shapes: Shapes, *, log=print, checkpoint: Callable[[dict[str, Any]], None] | None = None,
+        only: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
+  """The sections ``only`` names (the others are recorded as skipped errors) on this process's first device;
+  the JSON-ready result (``meta`` and ``sections``).
 
   ``checkpoint(result so far)`` runs after each section (``main`` writes the files then, so a run killed at
   its time limit keeps what it measured).
@@ -431,7 +432,10 @@ def run(shapes: Shapes, *, log=print, checkpoint: Callable[[dict[str, Any]], Non
   result = {"meta": meta, "sections": sec}
   for name, fn in (("attention", lambda: _attention_case(shapes)), ("paged_decode", lambda: _paged_case(shapes)),
                    ("engine_decode", engines), ("train_step", train_step), ("plan", plans)):
-    _guard(sec, name, fn, log=log)
+    if name in only:
+      _guard(sec, name, fn, log=log)
+    else:
+      sec[name] = {"error": "skipped: not in --only"}
     meta["seconds"] = time.perf_counter() - t0
     if checkpoint is not None:
       checkpoint(result)
@@ -533,17 +537,20 @@ def _json_default(x):
 
 
 def main(argv: list[str]) -> int:
-  """``jaxrl bench device [--dry-run] [--out DIR] [--remat POLICY]``; 0 when every section ran."""
+  """``jaxrl bench device [--dry-run] [--out DIR] [--remat POLICY] [--only SECTION ...]``; 0 when every section
+  ran without error."""
   p = argparse.ArgumentParser(prog="jaxrl bench device", description=__doc__.splitlines()[0])
   p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, seconds (what CI runs)")
   p.add_argument("--out", default="device_check", help="folder for device_check.json and device_check.md")
   p.add_argument("--remat", default=None, help="the train step's rematerialisation, a ModelConfig.remat value "
                  "(default none)")
+  p.add_argument("--only", nargs="+", default=list(SECTIONS), choices=SECTIONS,
+                 help="run only these sections (plan compares with the engine and train sections run with it)")
   a = p.parse_args(argv)
   shapes = Shapes.dry() if a.dry_run else Shapes()
   if a.remat:
     shapes = dataclasses.replace(shapes, remat=a.remat)
-  result = run(shapes, checkpoint=lambda partial: write(partial, Path(a.out)))
+  result = run(shapes, checkpoint=lambda partial: write(partial, Path(a.out)), only=tuple(a.only))
   js, md = write(result, Path(a.out))
   print(md.read_text())
   print(f"wrote {js} and {md}")

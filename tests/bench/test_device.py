@@ -87,3 +87,15 @@ def test_section_failure_is_recorded_and_the_next_runs():
   device._guard(results, "boom", lambda: 1 / 0, log=lambda *_: None)
   device._guard(results, "fine", lambda: {"x": 1.0}, log=lambda *_: None)
   assert results["boom"]["error"].startswith("ZeroDivisionError") and results["fine"]["x"] == 1.0
+
+
+def test_main_runs_only_the_named_sections_and_writes_both_files(tmp_path, capsys):
+  assert device.main(["--dry-run", "--only", "paged_decode", "--out", str(tmp_path)]) == 1  # the rest: skipped
+  result = json.loads((tmp_path / "device_check.json").read_text())
+  sec = result["sections"]
+  assert _small(sec["paged_decode"]["max_abs_err"], 1e-4)
+  assert {n for n, s in sec.items() if s.get("error") == "skipped: not in --only"} == set(device.SECTIONS) - {
+      "paged_decode"}
+  md = (tmp_path / "device_check.md").read_text()
+  assert "| paged_decode | tokens/s (one layer) |" in md and "| train_step | error | - | - | skipped" in md
+  assert md in capsys.readouterr().out
