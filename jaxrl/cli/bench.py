@@ -17,6 +17,7 @@ BENCHES = {
     "rl": "jaxrl.bench.rl",
     "rl-async": "jaxrl.bench.rl_async",
     "judge": "jaxrl.bench.judge",
+    "device": "jaxrl.bench.device",
 }
 """Benchmark name -> its module (imported when it runs); each has ``main(argv) -> int``."""
 
