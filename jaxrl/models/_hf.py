@@ -28,6 +28,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensor
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from jaxrl.models._config import ModelConfig
 from jaxrl.models._placement import _set_placement, abstract_model, state_shardings
@@ -164,8 +166,6 @@ class _Checkpoint:
   """The tensors of a local HF directory (one ``model.safetensors`` or an indexed set of shards)."""
 
   def __init__(self, path: Path):
-    from safetensors import safe_open
-
     self.path = path
     index_file = path / SAFETENSORS_INDEX
     if index_file.exists():
@@ -373,8 +373,6 @@ def save_pretrained(
     dtype: storage dtype ('float32' or 'bfloat16'); default the model's ``param_dtype``.
     generation_config: keys for ``generation_config.json``.
   """
-  from safetensors.numpy import save_file
-
   cfg = model.cfg
   dtype = dtype or cfg.param_dtype
   if dtype not in _NP_DTYPES:
@@ -384,60 +382,94 @@ def save_pretrained(
   if max_shard_bytes <= 0:
     raise ValueError(f"max_shard_bytes: must be positive, got {max_shard_bytes!r}")
   np_dtype = _NP_DTYPES[dtype]
-  itemsize = np.dtype(np_dtype).itemsize
-  state = nnx.state(model)
-
-  # HF order: embedding, layers in order, final norm, head.
-  plan = []  # (hf_name, nbytes, entry, var, layer_slot)
-  for entry, var in _entries(state, cfg):
-    layer_shape = var.shape[1:] if entry.stacked else var.shape
-    nbytes = math.prod(entry.layout.hf_shape(layer_shape)) * itemsize
-    for slot, name in enumerate(entry.hf_names(cfg.num_layers)):
-      plan.append((name, nbytes, entry, var, slot if entry.stacked else None))
-  plan.sort(key=lambda p: _hf_order(p[0]))
-  shards: list[list] = [[]]
-  size = 0
-  for item in plan:
-    if shards[-1] and size + item[1] > max_shard_bytes:
-      shards.append([])
-      size = 0
-    shards[-1].append(item)
-    size += item[1]
-
+  shards = _shard_plan(nnx.state(model), cfg, itemsize=np.dtype(np_dtype).itemsize, max_shard_bytes=max_shard_bytes)
   writer = jax.process_index() == 0
   path = Path(path)
   if writer:
     path.mkdir(parents=True, exist_ok=True)
-  names = ([SAFETENSORS_FILE] if len(shards) == 1 else
-           [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-  weight_map = {}
-  for fname, shard in zip(names, shards):
-    tensors = {}
-    for name, _, entry, var, slot in shard:
-      tensors[name] = entry.layout.to_hf(_host_array(var.get_value(), slot).astype(np_dtype))
-      weight_map[name] = fname
-    if writer:
-      save_file(tensors, str(path / fname), metadata={"format": "pt"})
+  weight_map = _write_shards(shards, path, np_dtype, writer=writer)
   if not writer:
     return
-  if len(shards) > 1:
-    total = sum(item[1] for item in plan)
-    with open(path / SAFETENSORS_INDEX, "w") as f:
-      json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
-  else:
-    (path / SAFETENSORS_INDEX).unlink(missing_ok=True)
-  extra = {}
-  if tokenizer is not None:
-    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
-      if getattr(tokenizer, k, None) is not None:
-        extra[k] = getattr(tokenizer, k)
+  _write_index(path, shards, weight_map)
   with open(path / "config.json", "w") as f:
-    json.dump(cfg.to_hf_config(torch_dtype=dtype, **extra), f, indent=2)
+    json.dump(_hf_config(cfg, dtype, tokenizer), f, indent=2)
   if generation_config is not None:
     with open(path / "generation_config.json", "w") as f:
       json.dump(dict(generation_config), f, indent=2)
   if tokenizer is not None:
     tokenizer.save_pretrained(str(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+  """One HF tensor to write: its name, size on disk, the parameter it comes from and its layer slot."""
+
+  name: str
+  nbytes: int
+  entry: _Entry
+  var: nnx.Variable
+  slot: int | None  # layer index into a stacked (scan_layers) parameter, else None
+
+
+def _shard_plan(state: nnx.State, cfg: ModelConfig, *, itemsize: int, max_shard_bytes: int) -> list[list[_Tensor]]:
+  """Every HF tensor in HF order (embedding, layers in order, final norm, head), split greedily into
+  shards of at most ``max_shard_bytes`` (a tensor larger than that gets a shard of its own)."""
+  plan = []
+  for entry, var in _entries(state, cfg):
+    layer_shape = var.shape[1:] if entry.stacked else var.shape
+    nbytes = math.prod(entry.layout.hf_shape(layer_shape)) * itemsize
+    for slot, name in enumerate(entry.hf_names(cfg.num_layers)):
+      plan.append(_Tensor(name, nbytes, entry, var, slot if entry.stacked else None))
+  plan.sort(key=lambda t: _hf_order(t.name))
+  shards: list[list[_Tensor]] = [[]]
+  size = 0
+  for tensor in plan:
+    if shards[-1] and size + tensor.nbytes > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(tensor)
+    size += tensor.nbytes
+  return shards
+
+
+def _shard_names(count: int) -> list[str]:
+  if count == 1:
+    return [SAFETENSORS_FILE]
+  return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def _write_shards(shards: list[list[_Tensor]], path: Path, np_dtype, *, writer: bool) -> dict[str, str]:
+  """Gathers each shard's tensors to the host in the HF layout (every process: the gathers are collective),
+  writes them when ``writer``, and returns the weight map (tensor name -> file name)."""
+  weight_map = {}
+  for fname, shard in zip(_shard_names(len(shards)), shards):
+    tensors = {}
+    for t in shard:
+      tensors[t.name] = t.entry.layout.to_hf(_host_array(t.var.get_value(), t.slot).astype(np_dtype))
+      weight_map[t.name] = fname
+    if writer:
+      save_file(tensors, str(path / fname), metadata={"format": "pt"})
+  return weight_map
+
+
+def _write_index(path: Path, shards: list[list[_Tensor]], weight_map: dict[str, str]) -> None:
+  """``model.safetensors.index.json`` for several shards; a stale one is removed for a single file."""
+  if len(shards) > 1:
+    total = sum(t.nbytes for shard in shards for t in shard)
+    with open(path / SAFETENSORS_INDEX, "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+  else:
+    (path / SAFETENSORS_INDEX).unlink(missing_ok=True)
+
+
+def _hf_config(cfg: ModelConfig, dtype: str, tokenizer) -> dict[str, Any]:
+  """``config.json``'s contents: the model's HF config, with the tokenizer's special-token ids when given."""
+  extra = {}
+  if tokenizer is not None:
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+      if getattr(tokenizer, k, None) is not None:
+        extra[k] = getattr(tokenizer, k)
+  return cfg.to_hf_config(torch_dtype=dtype, **extra)
 
 
 def _hf_order(name: str):

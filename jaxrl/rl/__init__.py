@@ -38,7 +38,8 @@ from jaxrl.rl._rollout import (
     sequence_fields,
 )
 from jaxrl.rl._source import EngineRollout, RolloutBatch, RolloutSource, draw_rounds
-from jaxrl.rl._trainer import RLTrainer, make_learner_step, make_logprob_program, packed_layout
+from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout
+from jaxrl.rl._trainer import RLTrainer
 from jaxrl.rl._async import AsyncRLTrainer
 from jaxrl.rl._async_config import AsyncConfig
 
