@@ -8,9 +8,8 @@ from pathlib import Path
 import jax
 
 from jaxrl import config as config_lib
-from jaxrl import models, sharding
+from jaxrl import models, plan, sharding
 from jaxrl.models import describe_model_section
-from jaxrl.plan._engine import recipe_budgets
 from jaxrl.rl import RLConfig
 
 
@@ -53,7 +52,7 @@ def engine_lines(data: dict, model_section: dict, mesh) -> list[str]:
   cfg = config_lib.from_dict(RLConfig, {**data, "model": model_section})
   model_cfg = config_lib.from_dict(models.ModelSource, model_section, prefix="model").config()
   try:
-    found = recipe_budgets(cfg, model_cfg, mesh)
+    found = plan.recipe_budgets(cfg, model_cfg, mesh)
   except ValueError as e:  # kv_cache_fraction: known only once the engine sees free memory
     return [f"engine KV budget: {e}"]
   return [line for tag, b in found for line in b.lines(f"stages {tag}, on this mesh")]

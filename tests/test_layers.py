@@ -185,11 +185,23 @@ def unexplained_lazy(imports: list[Import]) -> list[Import]:
   return [imp for imp in imports if imp.in_function and not imp.lazy_reason]
 
 
+def private_reach(imports: list[Import]) -> list[Import]:
+  """Imports of another unit's private module (``jaxrl.X._y`` from outside ``jaxrl.X``): a package is
+  used through what its ``__init__`` exports."""
+  bad = []
+  for imp in imports:
+    src, dst = imp.source.split("."), imp.target.split(".")
+    if len(dst) >= 3 and dst[2].startswith("_") and (len(src) < 2 or src[1] != dst[1]):
+      bad.append(imp)
+  return bad
+
+
 def report(imports: list[Import], package: str, layers=LAYERS) -> str:
   """Every violation, one per line, grouped by rule; empty when the package keeps its layers."""
   out = [f"against the layer order: {imp}" for imp in order_violations(imports, package, layers)]
   out += ["import cycle: " + " -> ".join(c) for c in module_cycles(imports)]
   out += [f"function-level import without '# lazy: <reason>': {imp}" for imp in unexplained_lazy(imports)]
+  out += [f"private module of another package: {imp}" for imp in private_reach(imports)]
   return "\n".join(out)
 
 
@@ -214,6 +226,12 @@ def test_function_level_imports_say_why():
                    "off an import path; never a cycle):\n" + "\n".join(map(str, bad)))
 
 
+def test_packages_are_used_through_their_public_names():
+  bad = private_reach(scan(ROOT, "jaxrl"))
+  assert not bad, "imports of another package's private module (use its __init__ exports):\n" + "\n".join(
+      map(str, bad))
+
+
 def test_the_checker_finds_an_upward_import_a_cycle_and_an_unexplained_lazy_import(tmp_path):
   files = {
       "pkg/__init__.py": "",
@@ -224,6 +242,7 @@ def test_the_checker_finds_an_upward_import_a_cycle_and_an_unexplained_lazy_impo
       "pkg/high/_ok.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from pkg.high import _user\n\n"
                          "def g():\n  import pkg.low._b\n",
       "pkg/high/_user.py": "from pkg.high import _ok\n",
+      "pkg/high/_reach.py": "from pkg.low._b import f\n",
   }
   for name, text in files.items():
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -239,3 +258,5 @@ def test_the_checker_finds_an_upward_import_a_cycle_and_an_unexplained_lazy_impo
   assert "import cycle: pkg.low._a -> pkg.low._b" in text
   assert "pkg/high/_ok.py:6" in text
   assert not order_violations(imports, "pkg", (("",), ("low", "high")))  # one layer: no order to break
+  assert [(i.path, i.target) for i in private_reach(imports)] == [("pkg/high/_ok.py", "pkg.low._b"),
+                                                                  ("pkg/high/_reach.py", "pkg.low._b")]

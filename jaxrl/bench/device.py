@@ -51,7 +51,6 @@ from flax import nnx
 from jaxrl import config as config_lib
 from jaxrl import kernels, models, plan, rl, sampling, train
 from jaxrl.bench import attention as attention_bench
-from jaxrl.plan._measure import measure_programs
 from jaxrl.targets import TARGETS, Target
 
 SECTIONS = ("attention", "paged_decode", "engine_decode", "train_step", "plan")
@@ -339,7 +338,7 @@ def _plan_rows(ctx: plan.PlanContext, target: Target, *, train_step: bool) -> di
   learner step."""
   progs = [*(plan.PROGRAMS["train"](ctx) if train_step else []),
            *(p for p in plan.PROGRAMS["engine"](ctx) if "decode" in p.name)]
-  rows, _ = measure_programs(progs, None, ctx.model_cfg.num_layers, None, target, devices=1)
+  rows, _ = plan.measure_programs(progs, None, ctx.model_cfg.num_layers, None, target, devices=1)
   return {r.program: r for r in rows}
 
 

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl import config as config_lib
-from jaxrl.rl import RLConfig, RLTrainer
-from jaxrl.rl._async import AsyncRLTrainer
+from jaxrl.rl import AsyncRLTrainer, RLConfig, RLTrainer
 
 MODES = ("sync", "areal", "one_off")
 

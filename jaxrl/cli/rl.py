@@ -8,8 +8,7 @@ import sys
 from jaxrl import config as config_lib
 from jaxrl import sharding
 from jaxrl.envs import AgenticRLConfig, AgenticTrainer
-from jaxrl.rl import RLConfig
-from jaxrl.rl._async import make_trainer
+from jaxrl.rl import RLConfig, make_trainer
 
 
 def main(argv: list[str] | None = None) -> int:

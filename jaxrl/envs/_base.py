@@ -105,7 +105,7 @@ def env_factory(name: str, *, runner=None, **kwargs: Any) -> Callable[[], Env]:
 def prompt_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
   """The messages a record's prompt consists of (as :func:`jaxrl.data.encode_prompt` reads them)."""
   from jaxrl.data import DataError  # lazy: jaxrl.data pulls in JAX; reward-pool workers import envs without it
-  from jaxrl.data._sources import record_messages  # lazy: jaxrl.data pulls in JAX; reward-pool workers import envs without it
+  from jaxrl.data import record_messages  # lazy: jaxrl.data pulls in JAX; reward-pool workers import envs without it
   if "messages" in record:
     messages = record_messages(record)
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -136,7 +136,7 @@ class SingleTurnEnv(Env):
     self._fn = load_reward(reward_fn, **dict(reward_kwargs or {}))
 
   def reset(self, record):
-    from jaxrl.rl._prompts import reward_fields  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
+    from jaxrl.rl import reward_fields  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
     self.fields = reward_fields(record)
     self.messages = prompt_messages(record)
     return list(self.messages)

@@ -153,7 +153,7 @@ class AgentBatch:
 
   def to_rollout(self, tokenizer=None):
     """A :class:`jaxrl.rl.Rollout` (``policy_mask`` and ``prefix_ids`` set) for the RL trainer."""
-    from jaxrl.rl._rollout import Rollout  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
+    from jaxrl.rl import Rollout  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
     a = self.arrays()
     texts = tuple(tokenizer.decode(t.tokens, skip_special_tokens=True) if tokenizer is not None else ""
                   for t in self.trajectories)

@@ -78,7 +78,7 @@ class ToolEnv(Env):
     return lambda: cls(executor=executor, _reward=reward, **kwargs)
 
   def reset(self, record):
-    from jaxrl.rl._prompts import reward_fields  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
+    from jaxrl.rl import reward_fields  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
     self.fields = reward_fields(record)
     self.messages = prompt_messages(record)
     if self.system_prompt and not any(m["role"] == "system" for m in self.messages):

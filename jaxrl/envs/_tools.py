@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl.envs._toolcall import ToolCall, ToolCallError
-from jaxrl.rewards import SandboxConfig, run_program
-from jaxrl.rewards._math_parser import evaluate, parse
+from jaxrl.rewards import SandboxConfig, evaluate_expression, parse_expression, run_program
 
 ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "timeout", "output_too_long", "tool_error", "limit")
 
@@ -91,7 +90,7 @@ def calculate(expression: str) -> str:
   """
   if len(expression) > 1000:
     raise ValueError("expression longer than 1000 characters")
-  value = evaluate(parse(expression.replace("**", "^")), domain="exact")
+  value = evaluate_expression(parse_expression(expression.replace("**", "^")), domain="exact")
   return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 

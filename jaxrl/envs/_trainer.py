@@ -21,11 +21,8 @@ import numpy as np
 from jaxrl.envs._arpo import ArpoConfig
 from jaxrl.envs._base import env_factory
 from jaxrl.envs._multiturn import AgentBatch, MultiTurnRollout, SamplingOptions
-from jaxrl.rl._config import AlgorithmConfig, RLConfig
-from jaxrl.rl._prompts import EncodedPrompts, PromptStream
-from jaxrl.rl._rollout import Rollout, total_rewards
-from jaxrl.rl._source import RolloutBatch, draw_rounds
-from jaxrl.rl._trainer import RLTrainer
+from jaxrl.rl import (AlgorithmConfig, EncodedPrompts, PromptStream, RLConfig, RLTrainer, Rollout, RolloutBatch, draw_rounds,
+                      total_rewards)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl.sampling._latent import decode_tokens, left_pad, think
+from jaxrl.sampling import decode_tokens, left_pad, think
 
 
 class LatentOutput(NamedTuple):

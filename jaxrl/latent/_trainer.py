@@ -57,7 +57,7 @@ from jaxrl.latent._decode import latent_generate
 from jaxrl.latent._eot import eot_logits, eot_loss, init_eot_head
 from jaxrl.latent._forward import latent_hidden, packed_latent_hidden
 from jaxrl.latent._prosqa import ProsQAConfig, prosqa_chains
-from jaxrl.models._source import ModelSource
+from jaxrl.models import ModelSource
 from jaxrl import config as config_lib
 
 Method = Literal["coconut", "cot", "no_cot", "no_curriculum", "no_thought", "pause_as_thought"]

@@ -37,6 +37,7 @@ from jaxrl.losses._advantages import (
     seed_grpo,
 )
 from jaxrl.losses._policy import (
+    CONTEXT_KEYS,
     OBJECTIVES,
     cispo,
     clip_cov,
@@ -203,4 +204,5 @@ __all__ = [
     "token_mask_weights",
     "value_loss",
     "vanilla_pg",
+    "CONTEXT_KEYS",
 ]

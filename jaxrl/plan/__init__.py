@@ -7,8 +7,8 @@ Layer (docs/design.md): may import ``envs``, ``rl`` and the layers below (``jaxr
 not ``cli``.
 """
 
-from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs
-from jaxrl.plan._measure import Plan, Row, collective_bytes
+from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs, recipe_budgets
+from jaxrl.plan._measure import Plan, Row, collective_bytes, measure_programs
 from jaxrl.plan._plan import advice, format_plan, load_recipe, main, plan_recipe
 from jaxrl.plan._programs import PROGRAMS, PlanContext, Program, build_context, device_bytes, register_programs
 from jaxrl.targets import TARGETS, Target, TargetUnavailable, get_target
@@ -35,4 +35,6 @@ __all__ = [
     "main",
     "plan_recipe",
     "register_programs",
+    "measure_programs",
+    "recipe_budgets",
 ]

@@ -27,7 +27,7 @@ from jaxrl.plan._measure import Plan, build_mesh_shape, measure_programs, model_
 from jaxrl.plan._measure import platform_attention, program_names, stage_programs
 from jaxrl.plan._programs import build_context, device_bytes, reference_params
 from jaxrl.plan._progress import QUIET
-from jaxrl.rl._async import split_devices
+from jaxrl.rl import split_devices
 from jaxrl.targets import GiB, get_target
 
 ROLLOUT_PROGRAMS = ("engine", "sampler")

@@ -20,11 +20,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import models, sampling, sharding, train
-from jaxrl.models._placement import state_shardings
-from jaxrl.rl import make_learner_step, make_logprob_program, packed_layout
-from jaxrl.rl._config import RLConfig
-from jaxrl.rl._loss import make_logprob_fn
-from jaxrl.rl._packing import pack_sequences
+from jaxrl.models import state_shardings
+from jaxrl.rl import RLConfig, make_learner_step, make_logprob_fn, make_logprob_program, pack_sequences, packed_layout
 
 
 @dataclasses.dataclass

@@ -43,6 +43,8 @@ from jaxrl.rewards._math import (
   math_reward,
   normalize_answer,
 )
+from jaxrl.rewards._math_parser import evaluate as evaluate_expression
+from jaxrl.rewards._math_parser import parse as parse_expression
 from jaxrl.rewards._judge import PROVIDERS, Judge, JudgeConfig, ProviderProfile, close_judges, get_judge
 from jaxrl.rewards._judge_launch import JudgeLaunch
 from jaxrl.rewards._judge_parse import (
@@ -70,6 +72,7 @@ from jaxrl.rewards._rubric import (
 from jaxrl.rewards._rubric_arm import (
   RUBRIC_ARM_JUDGE_TEMPLATE,
   judge_format_ok,
+  rubric_arm_judge_prompts,
   rubric_arm_generator_reward,
   rubric_arm_judge_reward,
   rubric_arm_judge_value,
@@ -177,4 +180,7 @@ __all__ = [
   "sandbox_info",
   "select_tests",
   "weighted_sum",
+  "rubric_arm_judge_prompts",
+  "evaluate_expression",
+  "parse_expression",
 ]

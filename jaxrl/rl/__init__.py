@@ -36,15 +36,18 @@ from jaxrl.rl._rollout import (
     informative_groups,
     loss_mask,
     sequence_fields,
+    total_rewards,
 )
 from jaxrl.rl._source import EngineRollout, RolloutBatch, RolloutSource, draw_rounds
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout
 from jaxrl.rl._trainer import RLTrainer
-from jaxrl.rl._async import AsyncRLTrainer
+from jaxrl.rl._async import AsyncRLTrainer, make_trainer, split_devices
 from jaxrl.rl._async_config import AsyncConfig
 
 __all__ = [
     "AlgorithmConfig",
+    "AsyncConfig",
+    "AsyncRLTrainer",
     "BuiltinPrompts",
     "ContextStage",
     "EncodedPrompts",
@@ -59,11 +62,6 @@ __all__ = [
     "RLConfig",
     "RLEvalConfig",
     "RLTrainer",
-    "make_learner_step",
-    "make_logprob_program",
-    "packed_layout",
-    "AsyncRLTrainer",
-    "AsyncConfig",
     "RewardSection",
     "Rollout",
     "RolloutBatch",
@@ -82,14 +80,20 @@ __all__ = [
     "informative_groups",
     "load_prompt_sets",
     "loss_mask",
+    "make_learner_step",
     "make_logprob_fn",
+    "make_logprob_program",
     "make_loss_fn",
     "make_prepare",
+    "make_trainer",
     "pack_sequences",
+    "packed_layout",
     "policy_logprobs",
     "read_records",
     "reward_fields",
     "rollout_max_len",
     "sequence_fields",
+    "split_devices",
+    "total_rewards",
     "weighted_reward",
 ]

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
-from jaxrl.models._source import ModelSource
+from jaxrl.models import ModelSource
 from jaxrl.rewards import RewardRunnerConfig
 from jaxrl.rl import _validate
 from jaxrl.rl._critic import CriticConfig

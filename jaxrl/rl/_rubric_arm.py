@@ -43,12 +43,11 @@ import numpy as np
 from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import train
-from jaxrl.rewards import RUBRIC_ARM_JUDGE_TEMPLATE, rubric_arm_generator_reward
-from jaxrl.rewards._rubric_arm import rubric_arm_judge_prompts
+from jaxrl.rewards import RUBRIC_ARM_JUDGE_TEMPLATE, rubric_arm_generator_reward, rubric_arm_judge_prompts
 from jaxrl.rl._config import BuiltinPrompts, PromptData, RewardSection, RLConfig, RLEvalConfig
 from jaxrl.rl._prompts import PromptStream, read_records
 from jaxrl.rl._trainer import RLTrainer
-from jaxrl.sft._trainer import SFTConfig, SFTTrainer
+from jaxrl.sft import SFTConfig, SFTTrainer
 
 __all__ = ["PairData", "RubricARM", "RubricARMConfig", "arithmetic_pairs"]
 

@@ -26,7 +26,7 @@ from jaxrl.sampling._engine import Engine
 from jaxrl.sampling._engine_pool import budget_blocks, check_pool
 from jaxrl.sampling._engine_programs import context_bucket, engine_programs, paged_impl_for, prefill_batch_rows
 from jaxrl.sampling._engine_rows import Completion, EngineMetrics
-from jaxrl.sampling._latent import LatentSample, latent_sample
+from jaxrl.sampling._latent import LatentSample, Thought, decode_tokens, eot_logits, latent_sample, left_pad, think
 from jaxrl.sampling._layers import unstack_layers
 from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask
 from jaxrl.sampling._paged import blocks_for
@@ -68,4 +68,9 @@ __all__ = [
     "top_logprobs",
     "truncation_mask",
     "unstack_layers",
+    "Thought",
+    "decode_tokens",
+    "eot_logits",
+    "left_pad",
+    "think",
 ]

@@ -22,7 +22,7 @@ from flax import nnx
 
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
-from jaxrl.models._source import ModelSource
+from jaxrl.models import ModelSource
 from jaxrl import sampling
 from jaxrl import config as config_lib
 
