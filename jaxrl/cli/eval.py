@@ -15,6 +15,7 @@ from jaxrl.rl import EngineConfig, build_engine
 
 
 def build_parser() -> argparse.ArgumentParser:
+  """The options of ``jaxrl eval``."""
   p = argparse.ArgumentParser(prog="jaxrl eval", description="score a local HF checkpoint on a JSONL benchmark: "
                               "avg@k, unbiased pass@k, maj@k (docs/eval.md)")
   p.add_argument("--model", required=True, help="Hugging Face model directory (config.json + safetensors)")

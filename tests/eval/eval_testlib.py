@@ -43,4 +43,5 @@ def maj_reference(correct: list[bool], answers: list, k: int) -> float:
 
 
 def read_jsonl(path: Path) -> list[dict]:
+  """The JSON objects of a JSONL file, in order."""
   return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -81,6 +81,9 @@ def test_eval_custom_reward_interrupted_then_resumed(tmp_path, math_file, monkey
     assert r["correct"] == [v > 0.5 for v in r["rewards"]]
     assert all(0 < t <= 6 for t in r["response_tokens"])
     assert all(a in ("0", "1", "2") for a in r["answers"])
+  fresh = tmp_path / "fresh"  # the same run, never interrupted: the same samples (draws keyed by line and seed)
+  assert _cli.main([*args[:args.index("--out") + 1], str(fresh), *args[args.index("--out") + 2:]]) == 0
+  assert read_jsonl(fresh / ev.RECORDS) == records
   verdicts = [c for r in records for c in r["correct"]]
   assert 0 < sum(verdicts) < len(verdicts)  # mixed, so the metrics below are not trivially 0 or 1
   summary = json.loads((out / ev.SUMMARY).read_text())
