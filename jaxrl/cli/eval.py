@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jaxrl import data as data_lib
 from jaxrl import eval as eval_lib
-from jaxrl import models, sampling
+from jaxrl import models, sampling, sharding
 from jaxrl.cli.sample import load_inference_model
 from jaxrl.rl import EngineConfig, build_engine
 
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--chunk", type=int, default=0, help="problems per generate call (0: enough to fill the slots)")
   p.add_argument("--no-responses", action="store_true", help="leave the response texts out of the records")
   p.add_argument("--reward-workers", type=int, default=4)
+  p.add_argument("--mesh", default=None, help="mesh axis sizes like the trainers' mesh.shape, e.g. data=-1 or "
+                                              "data=2,tensor=2 (default: one device)")
   p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
   e = p.add_argument_group("backend", "the continuous-batching engine (default) or the batch sampler")
   e.add_argument("--backend", default="engine", choices=["engine", "sampler"])
@@ -55,14 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
-def _sampler(args, model, tokenizer, max_len: int):
+def parse_mesh(spec: str | None) -> sharding.MeshConfig | None:
+  """``"data=2,tensor=2"`` as the trainers' ``mesh:`` section (``None``: one device, no mesh)."""
+  if spec is None:
+    return None
+  shape = {}
+  for item in spec.split(","):
+    axis, eq, size = item.partition("=")
+    if not eq or not size.strip().lstrip("-").isdigit():
+      raise ValueError(f"--mesh: expected AXIS=SIZE[,AXIS=SIZE...], got {spec!r}")
+    shape[axis.strip()] = int(size)
+  return sharding.MeshConfig(shape=shape)
+
+
+def _sampler(args, model, tokenizer, max_len: int, mesh=None, rules=None):
   """The engine (``rollout.engine``'s construction, as the trainers build it) or the whole-batch sampler."""
   if args.backend == "sampler":
-    return sampling.Sampler(model, tokenizer, max_len=max_len)
+    return sampling.Sampler(model, tokenizer, mesh=mesh, rules=rules, max_len=max_len)
   num_blocks = None if args.kv_cache_bytes else args.num_slots * (-(-max_len // args.block_size) + 1)
   settings = EngineConfig(num_slots=args.num_slots, block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes,
                           num_blocks=num_blocks)
-  return build_engine(model, tokenizer, settings, max_len=max_len)
+  return build_engine(model, tokenizer, settings, max_len=max_len, mesh=mesh, rules=rules)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,14 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit is not None:
       problems.records, problems.ids, problems.texts = (x[:args.limit] for x in
                                                         (problems.records, problems.ids, problems.texts))
-    model = load_inference_model(args.model, dtype=args.dtype)
-    sampler = _sampler(args, model, tokenizer, args.max_prompt_tokens + args.max_new_tokens)
+    mesh_cfg = parse_mesh(args.mesh)
+    mesh, rules = (None, None) if mesh_cfg is None else (mesh_cfg.build(), mesh_cfg.logical_rules())
+    model = load_inference_model(args.model, dtype=args.dtype, mesh=mesh, rules=rules)
+    sampler = _sampler(args, model, tokenizer, args.max_prompt_tokens + args.max_new_tokens, mesh, rules)
   except (FileNotFoundError, ValueError, KeyError, data_lib.DataError) as e:
     print(f"jaxrl eval: error: {e}", file=sys.stderr)
     return 2
   out_dir = Path(args.out) if args.out else Path("eval_out") / Path(args.data).stem
   info = {"model": str(Path(args.model).resolve()), "data": str(Path(args.data).resolve()), "task": args.task,
-          "reward": args.reward, "template": args.template, "backend": args.backend}
+          "reward": args.reward, "template": args.template, "backend": args.backend,
+          "mesh": args.mesh}
   chunk = args.chunk or max(1, -(-2 * args.num_slots // args.n))
   try:
     with scorer:

@@ -84,6 +84,10 @@ def test_eval_custom_reward_interrupted_then_resumed(tmp_path, math_file, monkey
   fresh = tmp_path / "fresh"  # the same run, never interrupted: the same samples (draws keyed by line and seed)
   assert _cli.main([*args[:args.index("--out") + 1], str(fresh), *args[args.index("--out") + 2:]]) == 0
   assert read_jsonl(fresh / ev.RECORDS) == records
+  sharded = tmp_path / "sharded"  # slots and cache over 4 data shards (8 test devices), kv heads over 2 tensor shards
+  assert _cli.main([*args[:args.index("--out") + 1], str(sharded), *args[args.index("--out") + 2:],
+                    "--mesh", "data=-1,tensor=2"]) == 0
+  assert [r["responses"] for r in read_jsonl(sharded / ev.RECORDS)] == [r["responses"] for r in records]
   verdicts = [c for r in records for c in r["correct"]]
   assert 0 < sum(verdicts) < len(verdicts)  # mixed, so the metrics below are not trivially 0 or 1
   summary = json.loads((out / ev.SUMMARY).read_text())
