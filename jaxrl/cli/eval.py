@@ -11,6 +11,7 @@ from jaxrl import data as data_lib
 from jaxrl import eval as eval_lib
 from jaxrl import models, sampling, sharding
 from jaxrl.cli.sample import load_inference_model
+from jaxrl.config import ConfigError
 from jaxrl.rl import EngineConfig, build_engine
 
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     with scorer:
       records = eval_lib.evaluate(sampler, scorer, problems, settings, out_dir, chunk=chunk,
                                   keep_text=not args.no_responses, run_info=info)
-  except ValueError as e:  # records of other settings in --out
+  except ConfigError as e:  # records of other settings in --out
     print(f"jaxrl eval: error: {e}", file=sys.stderr)
     return 2
   result = eval_lib.summary(records, metrics, settings, skipped=problems.skipped, run_info=info)

@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxrl import data as data_lib
 from jaxrl import rewards, train
+from jaxrl.config import ConfigError
 from jaxrl.eval._metrics import summarize
 from jaxrl.rl import EncodedPrompts, read_records, reward_fields
 
@@ -152,13 +153,13 @@ def read_done(path: Path) -> dict[int, dict[str, Any]]:
 
 def check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
   """Writes ``settings.json`` on a first run; a rerun in the same directory must match it (else the records
-  of both would be mixed)."""
+  of both would be mixed): :class:`jaxrl.config.ConfigError` names the settings that differ."""
   path = out_dir / SETTINGS
   if path.is_file():
     old = json.loads(path.read_text(encoding="utf-8"))
     diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
     if diff:
-      raise ValueError(f"{out_dir} holds records made with other settings ({', '.join(diff)} differ: "
+      raise ConfigError(f"{out_dir} holds records made with other settings ({', '.join(diff)} differ: "
                        f"{ {k: old.get(k) for k in diff} } vs { {k: settings.get(k) for k in diff} }); "
                        f"use another --out or the same settings")
     return
