@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sft", "latent"),
     ("rl",),
     ("envs",),
-    ("recipes", "plan", "serve", "bench", "quickstart", "info"),
+    ("recipes", "plan", "eval", "serve", "bench", "quickstart", "info"),
     ("cli",),
 )
 """Bottom to top: a module may import its own package and the packages of its layer or of a layer below.

@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("generate completions from an HF directory with the KV-cache sampler", "jaxrl.cli.sample:main"),
     "serve": ("OpenAI-compatible HTTP server (chat/completions, streaming, logprobs) for an HF directory",
               "jaxrl.cli.serve:main"),
+    "eval": ("score a local HF checkpoint on a JSONL benchmark: avg@k, unbiased pass@k, maj@k (docs/eval.md)",
+             "jaxrl.cli.eval:main"),
     "plan": ("AOT-compile a recipe's programs for a TPU/GPU target here; bytes per device (docs/scaling.md)",
              "jaxrl.plan:main"),
     "quickstart": ("the main job: tiny model SFT warm start, then GRPO, before/after accuracy", "jaxrl.quickstart:main"),

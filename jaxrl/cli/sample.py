@@ -31,13 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
-def load_inference_model(model_dir, *, dtype: str | None = None, param_dtype: str | None = None):
-  """A checkpoint loaded for inference only (``jaxrl sample``, ``jaxrl serve``): weights stored in the
-  compute dtype unless ``param_dtype`` says otherwise, so no float32 master copy (which only training
-  needs) sits beside the sampler's compute-dtype weights."""
+def load_inference_model(model_dir, *, dtype: str | None = None, param_dtype: str | None = None, mesh=None,
+                         rules=None):
+  """A checkpoint loaded for inference only (``jaxrl sample``, ``jaxrl serve``, ``jaxrl eval``): weights stored
+  in the compute dtype unless ``param_dtype`` says otherwise, so no float32 master copy (which only training
+  needs) sits beside the sampler's compute-dtype weights; placed on ``mesh`` under ``rules`` when given."""
   if param_dtype is None:
     param_dtype = models.config_from_dir(model_dir, dtype=dtype).dtype
-  return models.load_pretrained(model_dir, dtype=dtype, param_dtype=param_dtype)
+  return models.load_pretrained(model_dir, dtype=dtype, param_dtype=param_dtype, mesh=mesh, rules=rules)
 
 
 def main(argv: list[str] | None = None) -> int:
