@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl import rewards as rewards_lib
 from jaxrl.envs._arpo import ArpoConfig
 from jaxrl.envs._base import env_factory
 from jaxrl.envs._multiturn import AgentBatch, MultiTurnRollout, SamplingOptions
@@ -192,10 +193,14 @@ class AgenticTrainer(RLTrainer):
             stop_strings=tuple(self.cfg.rollout.stop_strings)))
     rewards = np.asarray([t.reward for t in batch.trajectories], np.float64).reshape(len(idx), k)
     correct = rewards > self.cfg.reward.correct_threshold
-    out = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(rewards.mean()),
+    out = {f"{prefix}/reward_mean": float(rewards.mean()),
            f"{prefix}/length_mean": float(np.mean([len(t.tokens) for t in batch.trajectories]))}
-    if k > 1:
-      out[f"{prefix}/pass@{k}"] = float(correct.any(axis=1).mean())
+    names = [f"avg@{k}"] + ([f"pass@{k}"] if k > 1 else [])
+    names += [m for m in (rewards_lib.parse_metrics(ev.metrics, k) if ev.metrics else []) if m not in names]
+    if any(m.startswith("maj@") for m in names):
+      raise ValueError("eval.metrics: maj@k needs extracted answers, which agentic episodes do not report")
+    out.update({f"{prefix}/{m}": v for m, v in rewards_lib.summarize(correct, names).items()})
+    out[f"{prefix}/accuracy"] = out.pop(f"{prefix}/avg@{k}")  # avg@k: the share of correct episodes
     called = np.asarray([t.env.metrics().get("tool_calls", 0.0) > 0 for t in batch.trajectories]).reshape(correct.shape)
     for name, rows in (("with_tool", called), ("without_tool", ~called)):  # accuracy with / without a tool call
       if rows.any():

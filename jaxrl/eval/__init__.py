@@ -3,10 +3,11 @@ pass@k and maj@k (``jaxrl eval``; ``docs/eval.md``).
 
 Layer (docs/design.md): above ``rl`` beside ``plan``, ``serve`` and ``bench``; it uses the public APIs of
 ``rl`` (prompt records), ``rewards`` (scoring, answer normalisation) and ``train`` (the progress logger).
-The metric functions in ``_metrics`` are pure (numpy and the answer normalisation only).
+The metric functions (:mod:`jaxrl.rewards`' avg@k, pass@k, maj@k) are pure (numpy and the answer
+normalisation only) and shared with the RL trainers' held-out evaluation.
 """
 
-from jaxrl.eval._metrics import (
+from jaxrl.rewards import (  # the metrics live with the rewards: the RL trainer's evaluation reports them too
   DEFAULT_METRICS,
   avg_at_k,
   maj_at_k,

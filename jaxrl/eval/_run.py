@@ -16,7 +16,6 @@ import numpy as np
 from jaxrl import data as data_lib
 from jaxrl import rewards, train
 from jaxrl.config import ConfigError
-from jaxrl.eval._metrics import summarize
 from jaxrl.rl import EncodedPrompts, read_records, reward_fields
 
 RECORDS = "records.jsonl"
@@ -244,7 +243,7 @@ def summary(records: Sequence[dict[str, Any]], metrics: Sequence[str], settings:
   lengths = np.array([r["response_tokens"] for r in records], np.int64)  # [P, n]
   reasons = [f for r in records for f in r["finish_reasons"]]
   return {
-      "metrics": summarize(correct, metrics, answers),
+      "metrics": rewards.summarize(correct, metrics, answers),
       "problems": len(records), "samples_per_problem": int(correct.shape[1]), "skipped_prompts": int(skipped),
       "response_tokens": {"mean": float(lengths.mean()), "max": int(lengths.max()), "total": int(lengths.sum())},
       "truncation_rate": float(np.mean([f == "length" for f in reasons])),

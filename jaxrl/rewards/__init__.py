@@ -43,6 +43,16 @@ from jaxrl.rewards._math import (
   math_reward,
   normalize_answer,
 )
+from jaxrl.rewards._metrics import (
+  DEFAULT_METRICS,
+  avg_at_k,
+  maj_at_k,
+  majority_index,
+  parse_metrics,
+  pass_at_k,
+  problem_metrics,
+  summarize,
+)
 from jaxrl.rewards._math_parser import evaluate as evaluate_expression
 from jaxrl.rewards._math_parser import parse as parse_expression
 from jaxrl.rewards._judge import PROVIDERS, Judge, JudgeConfig, ProviderProfile, close_judges, get_judge
@@ -183,4 +193,12 @@ __all__ = [
   "rubric_arm_judge_prompts",
   "evaluate_expression",
   "parse_expression",
+  "DEFAULT_METRICS",
+  "avg_at_k",
+  "maj_at_k",
+  "majority_index",
+  "parse_metrics",
+  "pass_at_k",
+  "problem_metrics",
+  "summarize",
 ]

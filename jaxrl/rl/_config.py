@@ -12,6 +12,7 @@ from typing import Any, Literal
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
 from jaxrl.models import ModelSource
+from jaxrl.rewards import parse_metrics
 from jaxrl.rewards import RewardRunnerConfig
 from jaxrl.rl import _validate
 from jaxrl.rl._critic import CriticConfig
@@ -304,8 +305,16 @@ class RLEvalConfig:
   "0 = greedy."
   samples: int = 1
   "Completions per prompt (use > 1 only with temperature > 0)."
+  metrics: str = ""
+  """More metrics, as ``jaxrl eval`` reports them (e.g. ``"pass@1,maj@n"``; ``n`` = ``samples``; maj@k votes
+  over the reward's ``extracted`` answers), each logged as ``eval/<name>``."""
 
   def __post_init__(self):
+    if self.metrics:
+      try:
+        parse_metrics(self.metrics, self.samples)
+      except ValueError as e:
+        raise ValueError(f"eval.metrics: {e}") from None
     if self.every < 0 or self.prompts < 0:
       raise ValueError(f"eval.every / eval.prompts must be >= 0, got {self.every!r} / {self.prompts!r}")
     if self.temperature < 0:

@@ -39,7 +39,8 @@ from flax import nnx
 from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import models, sampling, sharding, train
-from jaxrl.rewards import RewardRunner
+from jaxrl import rewards as rewards_lib
+from jaxrl.rewards import RewardRunner, close_judges
 from jaxrl.rl import _critic
 from jaxrl.rl._config import RLConfig
 from jaxrl.rl._engine_build import build_sampler, rollout_max_len
@@ -49,7 +50,6 @@ from jaxrl.rl._packing import PackedBatch, pack_sequences, pad_micro_batches
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields
 from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
 from jaxrl.rl._source import EngineRollout, RolloutSource
-from jaxrl.rewards import close_judges
 
 def _tokenizer_dir(cfg: RLConfig) -> str:
   if cfg.tokenizer:
@@ -378,15 +378,21 @@ class RLTrainer:
     scored = self._score(self.heldout_prompts, idx, ev.samples, out)
     rewards = scored.rewards.reshape(len(idx), ev.samples)
     lengths = out.lengths.reshape(len(idx), ev.samples)
+    # jaxrl eval's per-problem metrics, computed where the answers are (only numbers cross processes)
+    names = [f"avg@{ev.samples}"] + ([f"pass@{ev.samples}"] if ev.samples > 1 else [])
+    names += [m for m in (rewards_lib.parse_metrics(ev.metrics, ev.samples) if ev.metrics else []) if m not in names]
+    answers = [[info.get("extracted") for info in scored.infos[p * ev.samples:(p + 1) * ev.samples]]
+               for p in range(len(idx))]
+    per = np.asarray([[row[m] for m in names] for row in (
+        rewards_lib.problem_metrics(c, a, names) for c, a in zip(rewards > self.cfg.reward.correct_threshold, answers))],
+        np.float64).reshape(len(idx), len(names))  # [P, M]
     if self.procs > 1:  # every process's share, without the repeated filler prompts
-      got, _ = sharding.allgather_rows({"r": rewards, "l": lengths})
+      got, _ = sharding.allgather_rows({"r": rewards, "l": lengths, "m": per})
       real = min(ev.prompts, len(self.heldout_prompts))
-      rewards, lengths = got["r"][:real], got["l"][:real]
-    correct = rewards > self.cfg.reward.correct_threshold
-    metrics = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(rewards.mean()),
-               f"{prefix}/length_mean": float(lengths.mean())}
-    if ev.samples > 1:
-      metrics[f"{prefix}/pass@{ev.samples}"] = float(correct.any(axis=1).mean())
+      rewards, lengths, per = got["r"][:real], got["l"][:real], got["m"][:real]
+    metrics = {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/length_mean": float(lengths.mean())}
+    metrics.update({f"{prefix}/{m}": float(per[:, j].mean()) for j, m in enumerate(names)})
+    metrics[f"{prefix}/accuracy"] = metrics.pop(f"{prefix}/avg@{ev.samples}")  # avg@n: the share of correct samples
     return metrics
 
   def save(self, step: int, *, force: bool = False) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl.rewards import normalize_answer
+from jaxrl.rewards._math import normalize_answer
 
 KINDS = ("avg", "pass", "maj")
 """Metric kinds a ``--metrics`` spec may name, each as ``KIND@k``."""
