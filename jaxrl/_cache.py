@@ -22,6 +22,11 @@ from jaxrl.config import ConfigError
 
 ENV = "JAXRL_XLA_CACHE"
 OFF = ("off", "0", "none", "false")
+MAX_BYTES = 16 << 30
+"""The directory's size cap (least recently used entries go first). Setting a cap also makes JAX take a file
+lock around every read and write of the directory; without one, a process can read an entry that another
+process (the other process of a multi-host job on one machine, a second run) is still writing, and abort
+while deserialising it."""
 MIN_COMPILE_SECONDS = 0.0
 """Programs that compiled faster than this are not written. Zero: a process's first RL step dispatches
 dozens of small programs (buffer installs, table updates, block copies) of 20-100 ms compile each, against
@@ -60,6 +65,7 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
   except OSError as e:
     raise ConfigError(f"{ENV} / --xla-cache: cannot create the compilation cache directory {directory}: {e}") from e
   jax.config.update("jax_compilation_cache_dir", str(directory))
+  jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return directory

@@ -18,6 +18,9 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # Many tests compile the same small programs (tiny models on the same meshes): share compiled
 # executables between tests and xdist workers through JAX's persistent cache.
 jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache"))
+# A size cap makes JAX lock the directory around each read and write: unlocked, a worker could read an entry
+# the other worker is still writing and abort in deserialising it (jaxrl/_cache.py, MAX_BYTES).
+jax.config.update("jax_compilation_cache_max_size", 8 << 30)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

@@ -7,7 +7,7 @@ from jaxrl import _cache
 from jaxrl.config import ConfigError
 
 KEYS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-        "jax_persistent_cache_min_entry_size_bytes")
+        "jax_persistent_cache_min_entry_size_bytes", "jax_compilation_cache_max_size")
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +25,8 @@ def test_default_directory_is_in_the_user_cache_dir(monkeypatch, tmp_path):
   got = _cache.enable_compilation_cache()
   assert got == tmp_path / "jaxrl" / "xla" and got.is_dir()
   assert jax.config.jax_compilation_cache_dir == str(got)
+  # a size cap: JAX then locks the directory around reads and writes (no half-written entry is read)
+  assert jax.config.jax_compilation_cache_max_size == _cache.MAX_BYTES > 0
 
 
 def test_env_var_and_flag_choose_the_directory_or_turn_it_off(monkeypatch, tmp_path):
