@@ -40,7 +40,7 @@ from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import models, sampling, sharding, train
 from jaxrl import rewards as rewards_lib
-from jaxrl.rewards import RewardRunner, close_judges
+from jaxrl.rewards import RewardRunner
 from jaxrl.rl import _critic
 from jaxrl.rl._config import RLConfig
 from jaxrl.rl._engine_build import build_sampler, rollout_max_len
@@ -520,7 +520,7 @@ class RLTrainer:
   def close(self) -> None:
     self.preemption.uninstall()  # a run that raised leaves the handlers installed until here
     self.rewards.close()
-    close_judges()  # judge servers this process launched (`judge.launch`)
+    rewards_lib.close_judges()  # judge servers this process launched (`judge.launch`)
 
 
 def _on_mesh(tree, mesh):
