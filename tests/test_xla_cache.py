@@ -50,3 +50,15 @@ def test_configured_jax_cache_is_left_alone_and_bad_flag_is_a_config_error(monke
   (tmp_path / "file").write_text("")
   with pytest.raises(ConfigError, match="cannot create"):
     _cache.enable_compilation_cache(tmp_path / "file" / "sub")
+
+
+def test_entries_written_without_a_cap_are_adopted_so_capped_writes_work(tmp_path):
+  """A directory filled without a size cap has no last-use times; JAX's capped cache reads one per entry
+  before each write (jax._src.lru_cache) and fails there until :func:`_cache.adopt_entries` gives them."""
+  from jax._src.lru_cache import LRUCache
+  (tmp_path / "old-cache").write_bytes(b"entry")
+  with pytest.raises(FileNotFoundError):
+    LRUCache(str(tmp_path), max_size=1 << 20).put("new", b"x")
+  assert _cache.adopt_entries(tmp_path) == 1 and _cache.adopt_entries(tmp_path) == 0
+  LRUCache(str(tmp_path), max_size=1 << 20).put("new", b"x")
+  assert LRUCache(str(tmp_path), max_size=1 << 20).get("new") == b"x"
