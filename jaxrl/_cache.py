@@ -6,7 +6,8 @@ directory is, in order of precedence:
 
 1. ``jaxrl --xla-cache DIR ...`` (``off`` disables it),
 2. the ``JAXRL_XLA_CACHE`` environment variable (a directory, or ``off``),
-3. JAX's own ``JAX_COMPILATION_CACHE_DIR`` / ``jax_compilation_cache_dir`` if already set (left alone),
+3. JAX's own ``JAX_COMPILATION_CACHE_DIR`` / ``jax_compilation_cache_dir`` if already set (its directory
+   is kept; it gets :data:`MAX_BYTES` as its cap if it has none),
 4. ``$XDG_CACHE_HOME/jaxrl/xla``, default ``~/.cache/jaxrl/xla``.
 
 Entries are keyed by JAX on the program, its shapes and shardings, the compiler options and
@@ -59,6 +60,9 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> Path | No
   if chosen is None:
     configured = jax.config.jax_compilation_cache_dir
     if configured:
+      if jax.config.jax_compilation_cache_max_size == -1:  # uncapped: no lock; give it ours
+        adopt_entries(configured)
+        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
       return Path(configured)
     chosen = str(default_dir())
   if chosen.strip().lower() in OFF:

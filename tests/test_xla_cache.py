@@ -44,7 +44,12 @@ def test_env_var_and_flag_choose_the_directory_or_turn_it_off(monkeypatch, tmp_p
 def test_configured_jax_cache_is_left_alone_and_bad_flag_is_a_config_error(monkeypatch, tmp_path):
   monkeypatch.delenv(_cache.ENV, raising=False)
   jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+  jax.config.update("jax_compilation_cache_max_size", -1)
   assert _cache.enable_compilation_cache() == tmp_path / "mine"
+  assert jax.config.jax_compilation_cache_max_size == _cache.MAX_BYTES  # capped, so locked
+  jax.config.update("jax_compilation_cache_max_size", 1 << 30)
+  assert _cache.enable_compilation_cache() == tmp_path / "mine"
+  assert jax.config.jax_compilation_cache_max_size == 1 << 30  # a cap the user chose is kept
   with pytest.raises(ConfigError, match="--xla-cache"):
     _cache.from_argv(["--xla-cache"])
   (tmp_path / "file").write_text("")
