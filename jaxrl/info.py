@@ -8,7 +8,9 @@ from pathlib import Path
 import jax
 
 from jaxrl import config as config_lib
-from jaxrl import sharding
+from jaxrl import models, plan, sharding
+from jaxrl.models import describe_model_section
+from jaxrl.rl import RLConfig
 
 
 def _model_section(data: dict) -> tuple[dict, str | None]:
@@ -36,7 +38,6 @@ def describe(config_path: str | None = None, overrides: list[str] | tuple[str, .
   mesh = mesh_cfg.build()
   lines.append("mesh: " + " × ".join(f"{a}={n}" for a, n in mesh.shape.items()))
   if "model" in data:
-    from jaxrl.models import describe_model_section
     section, note = _model_section(data)
     if note:
       lines.append(f"note: {note}")
@@ -48,13 +49,10 @@ def describe(config_path: str | None = None, overrides: list[str] | tuple[str, .
 
 def engine_lines(data: dict, model_section: dict, mesh) -> list[str]:
   """The rollout engine's KV budget per device on ``mesh``, per distinct ``max_len`` of the stages."""
-  from jaxrl import models
-  from jaxrl.plan._engine import recipe_budgets
-  from jaxrl.rl import RLConfig
   cfg = config_lib.from_dict(RLConfig, {**data, "model": model_section})
   model_cfg = config_lib.from_dict(models.ModelSource, model_section, prefix="model").config()
   try:
-    found = recipe_budgets(cfg, model_cfg, mesh)
+    found = plan.recipe_budgets(cfg, model_cfg, mesh)
   except ValueError as e:  # kv_cache_fraction: known only once the engine sees free memory
     return [f"engine KV budget: {e}"]
   return [line for tag, b in found for line in b.lines(f"stages {tag}, on this mesh")]

@@ -32,6 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from jaxrl import config as config_lib
+from jaxrl import data as data_lib
+from jaxrl import rl as rl_lib
+from jaxrl import sft as sft_lib
+
 TINY_MODEL = {"preset": "tiny", "overrides": {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 192,
                                               "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
                                               "dtype": "float32", "param_dtype": "float32"}}
@@ -78,8 +85,6 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def sft_records(n: int, *, seed: int, alt_fraction: float | None = None) -> list[dict[str, Any]]:
   """Built-in train-split problems; a seeded ``alt_fraction`` (default :data:`ALT_FORMAT_FRACTION`)
   of them end ``The answer is v.``."""
-  import numpy as np
-  from jaxrl import data as data_lib
   alt_fraction = ALT_FORMAT_FRACTION if alt_fraction is None else alt_fraction
   records = data_lib.generate_arithmetic(n, seed=seed, split="train",
                                          config=data_lib.ArithmeticConfig.level(DIFFICULTY))
@@ -114,10 +119,6 @@ def run_quickstart(out_dir: str | Path, *, seed: int = 0, sft: dict[str, Any] | 
   initialisation, the SFT data order, the RL prompts (``builtin.seed = 1 + seed``), their shuffle
   and the sampler.
   """
-  from jaxrl import config as config_lib
-  from jaxrl import rl as rl_lib
-  from jaxrl import data as data_lib
-  from jaxrl import sft as sft_lib
   out_dir = Path(out_dir)
   t0 = time.perf_counter()
   train_file = data_lib.write_jsonl(sft_records(SFT_RECORDS, seed=seed), out_dir / "sft_data" / "train.jsonl")

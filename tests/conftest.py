@@ -10,13 +10,21 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import jaxrl  # noqa: E402,F401  (before JAX: its first import drops the CUDA stub's notices, jaxrl/_platform.py)
+import jaxrl._cache  # noqa: E402
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 jax.config.update("jax_default_matmul_precision", "highest")
 # Many tests compile the same small programs (tiny models on the same meshes): share compiled
 # executables between tests and xdist workers through JAX's persistent cache.
-jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache"))
+_XLA_CACHE = os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache")
+os.makedirs(_XLA_CACHE, exist_ok=True)
+jaxrl._cache.adopt_entries(_XLA_CACHE)
+jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
+# A size cap makes JAX lock the directory around each read and write: unlocked, a worker could read an entry
+# the other worker is still writing and abort in deserialising it (jaxrl/_cache.py, MAX_BYTES).
+jax.config.update("jax_compilation_cache_max_size", 8 << 30)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

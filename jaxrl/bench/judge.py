@@ -18,6 +18,8 @@ import os
 import platform
 import time
 
+from jaxrl import data, models, rewards, sampling, serve
+
 
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="jaxrl bench judge", description=__doc__.splitlines()[0])
@@ -26,8 +28,6 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--batch-wait-ms", type=float, default=20.0)
   p.add_argument("--out", default="runs/bench_judge.json")
   args = p.parse_args(argv)
-
-  from jaxrl import data, models, rewards, sampling, serve
 
   cfg = models.ModelConfig.tiny(vocab_size=128, dtype="float32", param_dtype="float32")
   tok = models.load_tokenizer(data.tiny_tokenizer_dir())

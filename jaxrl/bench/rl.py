@@ -40,6 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jaxrl import _cache
+from jaxrl import config as config_lib
+from jaxrl import models, rl, sampling
+from jaxrl.bench._harness import BENCHMARKS, harness
+from jaxrl.sampling import sample_logits
+
+
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 8, 8, 32, 64
 TINY = dict(vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
             head_dim=32)
@@ -70,11 +77,11 @@ WORKLOADS = {
     "0.5b": Workload(2, 4, 16, 16, {}, steps=2, interleave=False, shared_model=True),
 }
 PEERS = {
-    # name: (worker file next to this module, pinned requirements of its virtualenv)
-    "trl": ("_rl_trl.py", ["torch==2.13.0", "trl==1.16.0", "transformers==5.24.0", "accelerate==1.16.0",
+    # name: (worker script in the repository's benchmarks/, pinned requirements of its virtualenv)
+    "trl": (BENCHMARKS / "rl_trl.py", ["torch==2.13.0", "trl==1.16.0", "transformers==5.24.0", "accelerate==1.16.0",
                            "datasets==5.2.0"]),
     # The Tunix pins are the versions its 0.1.7 resolves to next to jaxrl's own jax/flax.
-    "tunix": ("_rl_tunix.py", ["google-tunix==0.1.7", "jax==0.10.2", "jaxlib==0.10.2", "flax==0.12.8",
+    "tunix": (BENCHMARKS / "rl_tunix.py", ["google-tunix==0.1.7", "jax==0.10.2", "jaxlib==0.10.2", "flax==0.12.8",
                                "optax==0.2.8", "qwix==0.1.8", "transformers==5.12.1", "safetensors==0.7.0",
                                "numpy==2.4.6"]),
 }
@@ -146,7 +153,6 @@ def _write_model(cfg, hf_dir: Path, seed: int) -> None:
   if (hf_dir / MODEL_MARKER).exists():
     return
   import shutil
-  from jaxrl import models
   tmp = hf_dir.with_name(hf_dir.name + ".partial")
   shutil.rmtree(tmp, ignore_errors=True)
   tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +168,6 @@ def write_workload(root: Path, *, model: dict[str, int] | None = None, seed: int
   returns their paths. ``model`` overrides the workload's model shape (the model is then written
   under ``root``, never shared). (The tokenizer has its own directory: next to a ``qwen2``
   config.json, ``AutoTokenizer`` would take it for a Qwen2 BPE tokenizer.)"""
-  from jaxrl import models
   wl = workload or WORKLOADS["tiny"]
   cfg = models.ModelConfig.qwen2p5_0p5b(**{**wl.model, **(model or {})}, dtype="float32", param_dtype="float32")
   hf_dir = shared_model_dir(cfg, seed) if wl.shared_model and not model else root / "model"
@@ -188,8 +193,6 @@ class JaxrlWorker:
 
   def setup(self, *, n_prompts: int = PROMPTS, samples: int = SAMPLES, prompt_tokens: int = PROMPT_TOKENS,
             new_tokens: int = NEW_TOKENS, **spec: Any) -> dict[str, Any]:
-    from jaxrl import config as config_lib
-    from jaxrl import rl, sampling
     data = {
         "model": {"hf_dir": spec["hf_dir"]}, "tokenizer": spec["tokenizer"],
         "data": {"train": [spec["prompts"]], "builtin": None, "max_prompt_tokens": prompt_tokens},
@@ -227,7 +230,6 @@ class JaxrlWorker:
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxrl.sampling import sample_logits
     rows, vocab = PROMPTS * SAMPLES, TINY["vocab_size"]
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(rows, vocab)).astype(np.float32))
     keys = jax.random.split(jax.random.key(0), rows)
@@ -373,13 +375,12 @@ def run(work: Path, *, steps: int, peers: list[str], sampling: bool = True, mode
   wl = WORKLOADS[workload]
   spec = write_workload(work, model=model, workload=wl)
   argvs = {"jaxrl": [sys.executable, "-m", "jaxrl.bench.rl", "--worker"]}
-  here = Path(__file__).parent
   for name in peers:
     py = peer_python(name)
     if not py.exists():
       log(f"{name}: no virtualenv at {py.parent.parent} (create it with `jaxrl bench rl --setup {name}`); skipped")
       continue
-    argvs[name] = [str(py), str(here / PEERS[name][0])]
+    argvs[name] = [str(py), str(harness(PEERS[name][0]))]
   results: dict[str, Any] = {"frameworks": {}}
   sampling = sampling and workload == "tiny"  # the sampling figures are the tiny model's
 
@@ -438,7 +439,6 @@ def main(argv: list[str]) -> int:
   ns = p.parse_args(argv)
   if ns.worker:
     if os.environ.get(XLA_CACHE_ENV):
-      from jaxrl import _cache
       _cache.enable_compilation_cache(os.environ[XLA_CACHE_ENV])
     return serve(JaxrlWorker())
   if ns.setup is not None:

@@ -26,6 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jaxrl import config as config_lib
+from jaxrl.rl import AsyncRLTrainer, RLConfig, RLTrainer
+
 MODES = ("sync", "areal", "one_off")
 
 
@@ -37,8 +40,6 @@ def slow_reward(prompt: str, completion: str, *, delay: float = 0.3, **_: Any) -
 
 
 def _config(mode: str, ns, out: Path):
-  from jaxrl import config as config_lib
-  from jaxrl.rl import RLConfig
   over = [
       f"steps={ns.steps}", "eval.every=0", "tensorboard=false", f"out_dir={out / mode}",
       f"rollout.prompts_per_step={ns.prompts}", f"rollout.n={ns.n}", f"rollout.max_new_tokens={ns.max_new}",
@@ -56,8 +57,6 @@ def _config(mode: str, ns, out: Path):
 
 
 def run_mode(mode: str, ns, out: Path) -> dict[str, Any]:
-  from jaxrl.rl import RLTrainer
-  from jaxrl.rl._async import AsyncRLTrainer
   cfg = _config(mode, ns, out)
   trainer = RLTrainer(cfg) if mode == "sync" else AsyncRLTrainer(cfg)
   t0 = time.perf_counter()

@@ -20,7 +20,7 @@ the rollout engine (:class:`jaxrl.sampling.Engine`, per-row lengths, continuous 
 whole-batch sampler (every row runs to the longest length; only each row's own tokens count) and,
 HF transformers (``generate_batch``'s continuous batching where it exists, each row with its own
 length; else ``generate``, a whole batch like the sampler), run in the TRL peer virtualenv of
-``jaxrl bench rl`` (``jaxrl bench rl --setup trl``) as a subprocess (``jaxrl/bench/_sample_hf.py``)
+``jaxrl bench rl`` (``jaxrl bench rl --setup trl``) as a subprocess (``benchmarks/sample_hf.py``)
 and reported skipped when that virtualenv does not exist. Reported: real (counted) tokens per
 second of each, after a warm-up pass that compiles.
 
@@ -40,11 +40,14 @@ import time
 
 import numpy as np
 
+from jaxrl import models, sampling
+from jaxrl.bench import rl as bench_rl
+from jaxrl.bench._harness import BENCHMARKS, harness
+
 SHAPES = ("tiny", "qwen2p5_0p5b")
 
 
 def _config(name: str):
-  from jaxrl import models
   if name == "tiny":
     return models.ModelConfig.tiny()
   return getattr(models.ModelConfig, name)()
@@ -53,8 +56,6 @@ def _config(name: str):
 def _bench_shape(name: str, *, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int) -> dict:
   import torch
   import transformers
-
-  from jaxrl import models, sampling
 
   cfg = _config(name)
   model = models.init_model(cfg, seed=seed)
@@ -104,8 +105,6 @@ def _bench_shape(name: str, *, batch: int, prompt_len: int, new_tokens: int, rep
 
 
 def _bench_stream(num: int, seed: int) -> dict:
-  from jaxrl import models, sampling
-
   cfg = models.ModelConfig.tiny(vocab_size=520)  # its own programs, not shared with the run above
   sampler = sampling.Sampler(models.init_model(cfg, seed=seed), None, max_len=256, eos_token_ids=[])
   rng = np.random.default_rng(seed)
@@ -124,8 +123,6 @@ def _bench_stream(num: int, seed: int) -> dict:
 
 
 def _bench_long_tail(num: int, *, n: int, median: int, slots: int, seed: int) -> dict:
-  from jaxrl import models, sampling
-
   cfg = models.ModelConfig.tiny(vocab_size=512)
   model = models.init_model(cfg, seed=seed)
   rng = np.random.default_rng(seed)
@@ -178,14 +175,12 @@ def _has_torch() -> bool:
 
 def hf_long_tail(model, prompts, lengths, n, *, slots: int = 16, timeout: float = 3600) -> dict:
   """HF transformers on the long tail, in the TRL peer virtualenv (torch CPU + transformers; see
-  ``jaxrl bench rl --setup trl``) as a subprocess (``jaxrl/bench/_sample_hf.py``): the same weights
+  ``jaxrl bench rl --setup trl``) as a subprocess (``benchmarks/sample_hf.py``): the same weights
   (written to a temporary HF directory), prompts and per-row lengths, temperature 1. Returns its
   JSON answer, or ``{"skipped": reason}`` when that virtualenv does not exist."""
   import subprocess
   from pathlib import Path
 
-  from jaxrl import models
-  from jaxrl.bench import rl as bench_rl
   py = bench_rl.peer_python("trl")
   if not py.exists():
     return {"skipped": f"no TRL virtualenv at {py.parent.parent} (create it with `jaxrl bench rl --setup trl`)"}
@@ -195,7 +190,7 @@ def hf_long_tail(model, prompts, lengths, n, *, slots: int = 16, timeout: float 
     spec.write_text(json.dumps({"hf_dir": str(Path(tmp) / "model"), "prompts": [list(map(int, p)) for p in prompts],
                                 "lengths": [int(k) for k in lengths], "n": int(n), "slots": int(slots),
                                 "threads": os.cpu_count() or 1}))
-    proc = subprocess.run([str(py), str(Path(__file__).parent / "_sample_hf.py"), str(spec)], capture_output=True,
+    proc = subprocess.run([str(py), str(harness(BENCHMARKS / "sample_hf.py")), str(spec)], capture_output=True,
                           text=True, timeout=timeout)
   lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
   if proc.returncode or not lines:

@@ -1,4 +1,8 @@
-"""SFT data: Grain sources, chat-template tokenisation with loss masks, sequence packing, tasks."""
+"""SFT data: Grain sources, chat-template tokenisation with loss masks, sequence packing, tasks.
+
+Layer (docs/design.md): may import ``models`` (the tokenizer) and the layers below; not ``losses`` or anything
+above.
+"""
 
 from jaxrl.data._chat import encode_chat, encode_prompt, encode_record
 from jaxrl.data._packing import (
@@ -35,6 +39,7 @@ from jaxrl.data._synthetic import (
     write_arithmetic_splits,
     write_jsonl,
 )
+from jaxrl.data._task_data import TaskData
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir
 
 __all__ = [
@@ -54,6 +59,7 @@ __all__ = [
     "PackingStats",
     "ParquetSource",
     "SkipReport",
+    "TaskData",
     "assign_rows",
     "build_tiny_tokenizer",
     "check_fingerprint",

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from jaxrl import _extras
+
 _OPS = ("+", "-", "*")
 _ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)")
 
@@ -262,7 +264,7 @@ def reasoning_gym_records(name: str, n: int, *, seed: int) -> list[dict[str, Any
     ImportError: when ``reasoning_gym`` is not installed.
   """
   try:
-    import reasoning_gym  # pylint: disable=import-outside-toplevel
+    reasoning_gym = _extras.require("reasoning_gym")
   except ImportError as e:
     raise ImportError(
         "reasoning_gym_records needs the optional package 'reasoning-gym' "

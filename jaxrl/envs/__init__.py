@@ -9,7 +9,10 @@
 * :class:`MultiTurnRollout`: episodes on :class:`jaxrl.sampling.Sampler`, tool tokens masked out of
   the loss; ``arpo=ArpoConfig(...)`` adds entropy-based branching (:mod:`jaxrl.envs._arpo`).
 * :class:`AgenticTrainer` / :class:`AgenticRLConfig`: the RL trainer driven by an environment
-  (``jaxrl rl`` picks them when the config has an ``env:`` section). See ``docs/agentic.md``.
+  (``jaxrl rl`` picks them when the config has an ``env:`` section); its rollout source is
+  :class:`EpisodeRollout` (a :class:`jaxrl.rl.RolloutSource`). See ``docs/agentic.md``.
+
+Layer (docs/design.md): may import ``rl`` and the layers below; not ``plan``, ``serve``, ``bench`` or ``cli``.
 """
 
 from jaxrl.envs._arpo import ArpoConfig, branch_probability, entropy_delta, shared_prefix_ids
@@ -47,6 +50,7 @@ __all__ = [
     "AgenticRLConfig",
     "AgenticTrainer",
     "EnvSection",
+    "EpisodeRollout",
     "agent_metrics",
     "ArpoConfig",
     "Calculator",
@@ -79,13 +83,13 @@ __all__ = [
     "turn_request_id",
 ]
 
-_TRAINER = ("AgenticRLConfig", "AgenticTrainer", "EnvSection", "agent_metrics")
+_TRAINER = ("AgenticRLConfig", "AgenticTrainer", "EnvSection", "EpisodeRollout", "agent_metrics")
 
 
 def __getattr__(name: str):
   # The trainer pulls in jax and jaxrl.rl; imported on first use, so processes that only run tools
   # (reward pool workers unpickling a tool call) import the light modules above.
   if name in _TRAINER:
-    from jaxrl.envs import _trainer
+    from jaxrl.envs import _trainer  # lazy: the trainer pulls in JAX; reward-pool workers import envs without it
     return getattr(_trainer, name)
   raise AttributeError(f"module 'jaxrl.envs' has no attribute {name!r}")

@@ -26,6 +26,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from typing import Any, NamedTuple
+from jaxrl.rewards import load_reward
+from jaxrl.rewards import coerce_reward
 
 ENVS: dict[str, type] = {}
 """Environment classes by name (:func:`register_env`)."""
@@ -102,8 +104,8 @@ def env_factory(name: str, *, runner=None, **kwargs: Any) -> Callable[[], Env]:
 
 def prompt_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
   """The messages a record's prompt consists of (as :func:`jaxrl.data.encode_prompt` reads them)."""
-  from jaxrl.data import DataError
-  from jaxrl.data._sources import record_messages
+  from jaxrl.data import DataError  # lazy: jaxrl.data pulls in JAX; reward-pool workers import envs without it
+  from jaxrl.data import record_messages  # lazy: jaxrl.data pulls in JAX; reward-pool workers import envs without it
   if "messages" in record:
     messages = record_messages(record)
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -130,17 +132,15 @@ class SingleTurnEnv(Env):
   """
 
   def __init__(self, *, reward_fn: str = "jaxrl.rl:arithmetic_reward", reward_kwargs: dict[str, Any] | None = None):
-    from jaxrl.rewards import load_reward
     self.reward_fn = reward_fn
     self._fn = load_reward(reward_fn, **dict(reward_kwargs or {}))
 
   def reset(self, record):
-    from jaxrl.rl._prompts import reward_fields
+    from jaxrl.rl import reward_fields  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
     self.fields = reward_fields(record)
     self.messages = prompt_messages(record)
     return list(self.messages)
 
   def step(self, turn):
-    from jaxrl.rewards import coerce_reward
     res = coerce_reward(self._fn(_last_user(self.messages), turn, **self.fields))
     return StepResult(None, float(res.value), True, dict(res.info))

@@ -12,7 +12,7 @@ environments step in worker threads; a row waiting for its environment holds no 
 blocks (its context is prefilled again with the next turn). Both paths draw the same tokens. ARPO
 runs on both: on the Sampler by probing ``k`` tokens and forking the decode state, on the Engine by
 reading each turn's entropies and submitting the branches as one request (``n = Z``) whose prompt is
-the shared prefix (:meth:`MultiTurnRollout._advance_engine`).
+the shared prefix (:class:`_EngineEpisodes`).
 
 Observation tokens are the chat template's text for the new messages after an assistant turn,
 including the assistant turn's own closing text when the policy did not write it (a turn ended by a
@@ -153,7 +153,7 @@ class AgentBatch:
 
   def to_rollout(self, tokenizer=None):
     """A :class:`jaxrl.rl.Rollout` (``policy_mask`` and ``prefix_ids`` set) for the RL trainer."""
-    from jaxrl.rl._rollout import Rollout
+    from jaxrl.rl import Rollout  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
     a = self.arrays()
     texts = tuple(tokenizer.decode(t.tokens, skip_special_tokens=True) if tokenizer is not None else ""
                   for t in self.trajectories)
@@ -198,7 +198,7 @@ class MultiTurnRollout:
     self.max_turns, self.max_turn_tokens = int(max_turns), max_turn_tokens
     self.max_prompt_tokens = max_prompt_tokens
     self.encode_obs = ObservationEncoder(tokenizer, sampler.eos_token_ids)
-    from jaxrl.sampling import Engine
+    from jaxrl.sampling import Engine  # lazy: jaxrl.sampling pulls in JAX; reward-pool workers import envs without it
     self._engine = isinstance(sampler, Engine)
     self._pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="jaxrl-env")
 
@@ -255,7 +255,7 @@ class MultiTurnRollout:
       return extra
 
     if self._engine:  # top-ups start per group, as soon as the group's last path ends
-      self._advance_engine(trajs, options, arpo, budget, top_up if arpo is not None else None)
+      _EngineEpisodes(self, trajs, options, arpo, budget, top_up if arpo is not None else None).run()
     else:
       self._advance(trajs, options, arpo, budget)
       if arpo is not None:  # top up every group to exactly M with trajectory-level samples
@@ -383,123 +383,151 @@ class MultiTurnRollout:
     for (t, toks, _), res in zip(turns, steps):
       self._observe(t, toks, res)
 
-  # ------------------------------------------------------------------------------------------------
-  # Continuous batching on jaxrl.sampling.Engine
 
-  def _advance_engine(self, trajs: list[Trajectory], options: SamplingOptions, arpo: ArpoConfig | None = None,
-                      budget: dict[int, int] | None = None,
-                      top_up: Callable[[int], list[Trajectory]] | None = None) -> None:
-    """Runs every trajectory to the end on the engine, each at its own pace.
+def _step_env(t: Trajectory, toks: list[int], text: str):
+  """Steps ``t``'s environment with its turn's text (in a worker thread)."""
+  return t, toks, t.env.step(text)
 
-    Every turn is a request whose prompt is the trajectory so far. When a turn finishes, the row
-    leaves its slot and its cache blocks go back to the pool; the environment steps in the worker
-    threads while the engine keeps decoding the other rows; the next turn is submitted as soon as the
-    observation is appended, and its context is prefilled again (the engine keeps no cache of a
-    finished request). Draws depend only on ``(seed, turn_request_id, token index)``, so the
-    trajectories are those of the turn-synchronous :class:`Sampler` path.
 
-    ARPO (``arpo`` set) through the engine's public API: every turn asks for the per-token entropy.
-    The first ``k`` entropies of a trajectory's first turn are ``H_initial``; when a turn after a
-    tool observation ends with more than ``k`` tokens (the row was still running after its ``k``
-    probe tokens) and the group has branch budget left, ``P_t`` from its first ``k`` entropies
-    decides the branch. The ``Z`` branches are one request with ``n = Z`` whose prompt is the
-    trajectory so far plus those ``k`` probe tokens (the engine prefills the shared prefix once and
-    shares its blocks among the samples); each branch's turn is the probe tokens (the parent's
-    tokens and log-probs) followed by its own continuation, so the prefix is shared token for token.
-    The parent's turn is the one it would have drawn without ARPO. ``top_up(g)`` is called once
-    every path of group ``g`` has ended, and its trajectory-level samples are submitted at once.
-    Differences from the :class:`Sampler` path (which forks the decode state after the probe): the
-    branches start when the parent's turn ends rather than after its ``k`` probe tokens, and a stop
-    string spanning the probe/continuation boundary of a branch is not seen (stop tokens are).
-    """
-    from jaxrl.sampling import Request
-    eng = self.sampler
-    if not eng.idle:
+class _EngineEpisodes:
+  """Runs every trajectory to the end on the engine, each at its own pace (:meth:`MultiTurnRollout.run` with
+  a :class:`jaxrl.sampling.Engine`).
+
+  Every turn is a request whose prompt is the trajectory so far. When a turn finishes, the row
+  leaves its slot and its cache blocks go back to the pool; the environment steps in the worker
+  threads while the engine keeps decoding the other rows; the next turn is submitted as soon as the
+  observation is appended, and its context is prefilled again (the engine keeps no cache of a
+  finished request). Draws depend only on ``(seed, turn_request_id, token index)``, so the
+  trajectories are those of the turn-synchronous :class:`Sampler` path.
+
+  ARPO (``arpo`` set) through the engine's public API: every turn asks for the per-token entropy.
+  The first ``k`` entropies of a trajectory's first turn are ``H_initial``; when a turn after a
+  tool observation ends with more than ``k`` tokens (the row was still running after its ``k``
+  probe tokens) and the group has branch budget left, ``P_t`` from its first ``k`` entropies
+  decides the branch. The ``Z`` branches are one request with ``n = Z`` whose prompt is the
+  trajectory so far plus those ``k`` probe tokens (the engine prefills the shared prefix once and
+  shares its blocks among the samples); each branch's turn is the probe tokens (the parent's
+  tokens and log-probs) followed by its own continuation, so the prefix is shared token for token.
+  The parent's turn is the one it would have drawn without ARPO. ``top_up(g)`` is called once
+  every path of group ``g`` has ended, and its trajectory-level samples are submitted at once.
+  Differences from the :class:`Sampler` path (which forks the decode state after the probe): the
+  branches start when the parent's turn ends rather than after its ``k`` probe tokens, and a stop
+  string spanning the probe/continuation boundary of a branch is not seen (stop tokens are).
+  """
+
+  def __init__(self, rollout: MultiTurnRollout, trajs: list[Trajectory], options: SamplingOptions,
+               arpo: ArpoConfig | None = None, budget: dict[int, int] | None = None,
+               top_up: Callable[[int], list[Trajectory]] | None = None):
+    # jaxrl.sampling pulls in JAX: reward-pool workers that only unpickle tool calls import this module without it.
+    from jaxrl.sampling import Request  # lazy: jaxrl.sampling pulls in JAX; reward-pool workers import envs without it
+    self.make_request = Request
+    self.rollout, self.eng = rollout, rollout.sampler
+    self.trajs, self.options, self.arpo, self.budget, self.top_up = trajs, options, arpo, budget, top_up
+    self.k = 0 if arpo is None else arpo.entropy_tokens
+    self.inflight: dict[tuple[int, int], tuple[Trajectory, list[int], list[float]]] = {}  # (rid, sample) -> row, probe
+    self.stepping: set[cf.Future] = set()
+    self.topped: set[int] = set()
+
+  def run(self) -> None:
+    """Submits every live trajectory's turn, then decodes, steps environments and submits the next turns
+    until every trajectory (and every branch and top-up) has ended."""
+    if not self.eng.idle:
       raise RuntimeError("MultiTurnRollout: the engine must be idle when a rollout starts")
-    eng.set_stops((), options.stop_strings)
-    k = 0 if arpo is None else arpo.entropy_tokens
-    inflight: dict[tuple[int, int], tuple[Trajectory, list[int], list[float]]] = {}  # (rid, sample) -> row, probe
-    stepping: set[cf.Future] = set()
-    topped: set[int] = set()
-
-    def turn_max(t: Trajectory) -> int:
-      room = t.budget - len(t.tokens)
-      return room if self.max_turn_tokens is None else min(room, self.max_turn_tokens)
-
-    def request(t: Trajectory, rid: int, rows: list[Trajectory], probe: list[int], probe_lp: list[float]):
-      for s, row in enumerate(rows):
-        if (rid, s) in inflight:
-          raise ValueError(f"request id {rid} of two trajectories at once: request_ids must be distinct")
-        inflight[(rid, s)] = (row, probe, probe_lp)
-      want_h = arpo is not None and not probe and not t.topup
-      return Request(prompt=t.context() + probe, n=len(rows), temperature=options.temperature,
-                     top_p=options.top_p, top_k=options.top_k, seed=options.seed, request_id=rid,
-                     max_new_tokens=turn_max(t) - len(probe), entropy=want_h)
-
-    def submit(reqs: list) -> None:
-      if reqs:
-        self.stats["generate_calls"] += 1
-        eng.submit(reqs)
-
-    def branch(t: Trajectory, c) -> Request | None:
-      """ARPO's decision after a tool call (see above); the branches' request, or None."""
-      self.stats["probes"] += 1
-      if len(c.tokens) <= k:  # the row ended within its probe tokens: it cannot branch
-        return None
-      h = np.asarray(c.entropy[:k], np.float32)
-      p = branch_probability(entropy_delta(h, t.h_init if t.h_init is not None else h, vocab_size=eng.cfg.vocab_size,
-                                           normalize=arpo.normalize), alpha=arpo.alpha, beta=arpo.beta)
-      if not p > arpo.threshold:
-        return None
-      z = min(arpo.branches, budget[t.group])
-      budget[t.group] -= z
-      self.stats["branch_events"] += 1
-      self.stats["branch_paths"] += z
-      have = sum(x.group == t.group for x in trajs)
-      kids = [dataclasses.replace(t, index=have + j, env=t.env.fork(), tokens=list(t.tokens), logprobs=list(t.logprobs),
-                                  policy=list(t.policy), parent=t.index, branch_pos=len(t.tokens) + k, last_info={},
-                                  topup=False) for j in range(z)]
-      trajs.extend(kids)
-      return request(t, turn_request_id(t.question, kids[0].index, t.turns), kids, c.tokens[:k].tolist(),
-                     c.logprobs[:k].tolist())
-
-    def step_env(t: Trajectory, toks: list[int], text: str):
-      return t, toks, t.env.step(text)
-
-    submit([request(t, turn_request_id(t.question, t.index, t.turns), [t], [], []) for t in trajs if not t.done])
-    while inflight or stepping:
-      if inflight:
-        eng.step()
-      branches = []
-      for c in eng.pop_finished():
-        t, probe, probe_lp = inflight.pop((int(c.request_id), int(c.sample)))
-        if arpo is not None and not probe and not t.topup:
-          if t.turns == 0:
-            t.h_init = np.asarray(c.entropy[:k], np.float32)
-          elif budget[t.group] > 0:  # a turn after a tool observation; the env forks before it steps
-            r = branch(t, c)
-            if r is not None:
-              branches.append(r)
-        toks, text = self._append_turn(t, probe + c.tokens.tolist(), probe_lp + c.logprobs.tolist(), c.finish_reason)
-        stepping.add(self._pool.submit(step_env, t, toks, text))
-      submit(branches)
-      if not stepping:
+    self.eng.set_stops((), self.options.stop_strings)
+    self.submit([self.turn(t) for t in self.trajs if not t.done])
+    while self.inflight or self.stepping:
+      if self.inflight:
+        self.eng.step()
+      self.finish_turns()
+      if not self.stepping:
         continue
-      if inflight and not eng.idle:
-        ready = {f for f in stepping if f.done()}
+      if self.inflight and not self.eng.idle:
+        ready = {f for f in self.stepping if f.done()}
       else:  # nothing to decode: wait for an environment
-        ready, _ = cf.wait(stepping, return_when=cf.FIRST_COMPLETED)
-      stepping -= ready
-      cont = []
-      for f in ready:
-        t, toks, result = f.result()
-        self._observe(t, toks, result)
-        if not t.done:
-          cont.append(t)
-        elif top_up is not None and t.group not in topped and all(x.done for x in trajs if x.group == t.group):
-          topped.add(t.group)  # no live path is left to branch: fill the group up to M now
-          extra = top_up(t.group)
-          trajs.extend(extra)
-          cont += extra
-      submit([request(t, turn_request_id(t.question, t.index, t.turns), [t], [], [])
-              for t in sorted(cont, key=lambda x: (x.group, x.index))])
+        ready, _ = cf.wait(self.stepping, return_when=cf.FIRST_COMPLETED)
+      self.stepping -= ready
+      self.observe(ready)
+
+  def turn_max(self, t: Trajectory) -> int:
+    room = t.budget - len(t.tokens)
+    mt = self.rollout.max_turn_tokens
+    return room if mt is None else min(room, mt)
+
+  def request(self, t: Trajectory, rid: int, rows: list[Trajectory], probe: list[int], probe_lp: list[float]):
+    """The request of ``rows`` (``t`` or its branches) continuing ``t``'s context after ``probe`` tokens."""
+    for s, row in enumerate(rows):
+      if (rid, s) in self.inflight:
+        raise ValueError(f"request id {rid} of two trajectories at once: request_ids must be distinct")
+      self.inflight[(rid, s)] = (row, probe, probe_lp)
+    o = self.options
+    want_h = self.arpo is not None and not probe and not t.topup
+    return self.make_request(prompt=t.context() + probe, n=len(rows), temperature=o.temperature, top_p=o.top_p,
+                             top_k=o.top_k, seed=o.seed, request_id=rid,
+                             max_new_tokens=self.turn_max(t) - len(probe), entropy=want_h)
+
+  def turn(self, t: Trajectory):
+    """The request of ``t``'s next turn."""
+    return self.request(t, turn_request_id(t.question, t.index, t.turns), [t], [], [])
+
+  def submit(self, reqs: list) -> None:
+    if reqs:
+      self.rollout.stats["generate_calls"] += 1
+      self.eng.submit(reqs)
+
+  def branch(self, t: Trajectory, c):
+    """ARPO's decision after a tool call (class docstring); the branches' request, or None."""
+    arpo, k, stats = self.arpo, self.k, self.rollout.stats
+    stats["probes"] += 1
+    if len(c.tokens) <= k:  # the row ended within its probe tokens: it cannot branch
+      return None
+    h = np.asarray(c.entropy[:k], np.float32)
+    p = branch_probability(entropy_delta(h, t.h_init if t.h_init is not None else h,
+                                         vocab_size=self.eng.cfg.vocab_size, normalize=arpo.normalize),
+                           alpha=arpo.alpha, beta=arpo.beta)
+    if not p > arpo.threshold:
+      return None
+    z = min(arpo.branches, self.budget[t.group])
+    self.budget[t.group] -= z
+    stats["branch_events"] += 1
+    stats["branch_paths"] += z
+    have = sum(x.group == t.group for x in self.trajs)
+    kids = [dataclasses.replace(t, index=have + j, env=t.env.fork(), tokens=list(t.tokens), logprobs=list(t.logprobs),
+                                policy=list(t.policy), parent=t.index, branch_pos=len(t.tokens) + k, last_info={},
+                                topup=False) for j in range(z)]
+    self.trajs.extend(kids)
+    return self.request(t, turn_request_id(t.question, kids[0].index, t.turns), kids, c.tokens[:k].tolist(),
+                        c.logprobs[:k].tolist())
+
+  def finish_turns(self) -> None:
+    """Appends every finished turn (ARPO: notes ``H_initial`` or branches first) and steps its environment."""
+    branches = []
+    for c in self.eng.pop_finished():
+      t, probe, probe_lp = self.inflight.pop((int(c.request_id), int(c.sample)))
+      if self.arpo is not None and not probe and not t.topup:
+        if t.turns == 0:
+          t.h_init = np.asarray(c.entropy[:self.k], np.float32)
+        elif self.budget[t.group] > 0:  # a turn after a tool observation; the env forks before it steps
+          r = self.branch(t, c)
+          if r is not None:
+            branches.append(r)
+      toks, text = self.rollout._append_turn(t, probe + c.tokens.tolist(), probe_lp + c.logprobs.tolist(),
+                                             c.finish_reason)
+      self.stepping.add(self.rollout._pool.submit(_step_env, t, toks, text))
+    self.submit(branches)
+
+  def observe(self, ready: set[cf.Future]) -> None:
+    """Appends the observations of the stepped environments and submits the next turns (and a group's top-ups
+    once every path of it has ended)."""
+    cont = []
+    for f in ready:
+      t, toks, result = f.result()
+      self.rollout._observe(t, toks, result)
+      if not t.done:
+        cont.append(t)
+      elif self.top_up is not None and t.group not in self.topped and \
+          all(x.done for x in self.trajs if x.group == t.group):
+        self.topped.add(t.group)  # no live path is left to branch: fill the group up to M now
+        extra = self.top_up(t.group)
+        self.trajs.extend(extra)
+        cont += extra
+    self.submit([self.turn(t) for t in sorted(cont, key=lambda x: (x.group, x.index))])

@@ -23,6 +23,8 @@ from typing import Any
 from jaxrl.envs._base import Env, StepResult, _last_user, prompt_messages, register_env
 from jaxrl.envs._toolcall import parse_tool_calls
 from jaxrl.envs._tools import ERROR_KINDS, ToolCallError, ToolExecutor, ToolResult, make_tool
+from jaxrl.rewards import load_reward
+from jaxrl.rewards import coerce_reward
 
 DEFAULT_SYSTEM = ("You can call tools: {tools}. Call one as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}"
                   "</tool_call>; the result comes back as a tool message. End with 'Answer: <value>'.")
@@ -53,7 +55,6 @@ class ToolEnv(Env):
                reward_fn: str = "jaxrl.rl:arithmetic_reward", reward_kwargs: dict[str, Any] | None = None,
                multi_tool_bonus: float = 0.1, format_penalty: float = -1.0, system_prompt: str = DEFAULT_SYSTEM,
                tool_role: str = "tool", _reward=None):
-    from jaxrl.rewards import load_reward
     if max_turns < 1 or max_tool_calls < 0:
       raise ValueError(f"env: max_turns must be >= 1 and max_tool_calls >= 0, got {max_turns}, {max_tool_calls}")
     self.executor, self.fmt = executor, fmt
@@ -71,14 +72,13 @@ class ToolEnv(Env):
     tools = {"calculator": {}} if tools is None else tools
     executor = ToolExecutor([make_tool(name, **(opts or {})) for name, opts in tools.items()], timeout_s=timeout_s,
                             max_output_chars=max_output_chars, workers=workers, runner=runner)
-    from jaxrl.rewards import load_reward
     reward = load_reward(kwargs.get("reward_fn", "jaxrl.rl:arithmetic_reward"),
                          **dict(kwargs.get("reward_kwargs") or {}))
     cls(executor=executor, _reward=reward, **kwargs)  # validate now
     return lambda: cls(executor=executor, _reward=reward, **kwargs)
 
   def reset(self, record):
-    from jaxrl.rl._prompts import reward_fields
+    from jaxrl.rl import reward_fields  # lazy: jaxrl.rl pulls in JAX; reward-pool workers import envs without it
     self.fields = reward_fields(record)
     self.messages = prompt_messages(record)
     if self.system_prompt and not any(m["role"] == "system" for m in self.messages):
@@ -114,7 +114,6 @@ class ToolEnv(Env):
     return StepResult(obs, 0.0, False, {"tool_results": results})
 
   def _final(self, turn: str) -> StepResult:
-    from jaxrl.rewards import coerce_reward
     res = coerce_reward(self._reward(_last_user(self.messages), turn, **self.fields))
     acc = float(res.value)
     good = self.malformed == 0 and res.info.get("reason") != "no_answer"

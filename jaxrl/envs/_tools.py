@@ -23,17 +23,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import math
 import re
 import time
 from collections.abc import Callable, Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jaxrl.envs._toolcall import ToolCall, ToolCallError
+from jaxrl.rewards import SandboxConfig, evaluate_expression, parse_expression, run_program
 
 ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "timeout", "output_too_long", "tool_error", "limit")
 
@@ -82,33 +81,6 @@ def check_arguments(tool, arguments: dict[str, Any]) -> None:
 # calculator
 
 
-def _exact(node) -> Fraction:
-  from jaxrl.rewards._math_parser import _ParseError
-  kind = node[0]
-  if kind == "num":
-    return Fraction(node[1])
-  if kind == "neg":
-    return -_exact(node[1])
-  if kind in ("add", "sub", "mul", "div", "pow"):
-    a, b = _exact(node[1]), _exact(node[2])
-    if kind == "add":
-      return a + b
-    if kind == "sub":
-      return a - b
-    if kind == "mul":
-      return a * b
-    if kind == "div":
-      if b == 0:
-        raise ZeroDivisionError("division by zero")
-      return a / b
-    if b.denominator != 1 or abs(b) > 4096 or (abs(a) > 1 and abs(b) * math.log10(abs(a)) > 4096):
-      raise _ParseError("power must have an integer exponent and a result below 10**4096")
-    if a == 0 and b < 0:
-      raise ZeroDivisionError("division by zero")
-    return a ** int(b)
-  raise _ParseError(f"unsupported {kind!r} (the calculator takes numbers, + - * / ^ and parentheses)")
-
-
 def calculate(expression: str) -> str:
   """Exact value of an arithmetic ``expression``: an integer, else a reduced fraction ``p/q``.
 
@@ -116,10 +88,9 @@ def calculate(expression: str) -> str:
     >>> calculate("123456789 * 987654321")
     '121932631112635269'
   """
-  from jaxrl.rewards._math_parser import _parse
   if len(expression) > 1000:
     raise ValueError("expression longer than 1000 characters")
-  value = _exact(_parse(expression.replace("**", "^")))
+  value = evaluate_expression(parse_expression(expression.replace("**", "^")), domain="exact")
   return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
@@ -156,7 +127,6 @@ class PythonTool:
     self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
 
   def __call__(self, *, code: str) -> str:
-    from jaxrl.rewards import SandboxConfig, run_program
     res = run_program(code, timeout_s=self.timeout_s, config=SandboxConfig(memory_mb=self.memory_mb))
     if res.status == "timeout":
       raise TimeoutError(f"python program timed out after {self.timeout_s:g} s")

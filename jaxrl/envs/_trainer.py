@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl import losses
+from jaxrl import rewards as rewards_lib
 from jaxrl.envs._arpo import ArpoConfig
 from jaxrl.envs._base import env_factory
 from jaxrl.envs._multiturn import AgentBatch, MultiTurnRollout, SamplingOptions
-from jaxrl.rl._config import AlgorithmConfig, RLConfig
-from jaxrl.rl._trainer import RLTrainer
+from jaxrl.rl import (AlgorithmConfig, EncodedPrompts, PromptStream, RLConfig, RLTrainer, Rollout, RolloutBatch, draw_rounds,
+                      total_rewards)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,20 +100,21 @@ def agent_metrics(batch: AgentBatch, prefix: str = "agent") -> dict[str, float]:
   return out
 
 
-class AgenticTrainer(RLTrainer):
-  """:class:`jaxrl.rl.RLTrainer` whose rollouts are environment episodes (module docstring)."""
+class EpisodeRollout:
+  """The rollout source of :class:`AgenticTrainer`: each round of prompts becomes ``rollout.n`` multi-turn
+  episodes per prompt (:class:`MultiTurnRollout`, with ARPO's branching under an ``arpo:`` section) on the
+  trainer's sampler or engine, scored by the environments (a :class:`jaxrl.rl.RolloutSource`).
 
-  def __init__(self, cfg: AgenticRLConfig):
-    if not isinstance(cfg, AgenticRLConfig):
-      raise TypeError(f"AgenticTrainer needs an AgenticRLConfig, got {type(cfg).__name__}")
-    self.engine_entropy = cfg.arpo is not None  # ARPO's entropy probe on the engine (rollout.engine)
-    super().__init__(cfg)
-    if self.procs > 1:
-      raise ValueError("env: multi-turn rollouts run on one process so far (docs/agentic.md)")
-    # Tool calls run in the reward pool when it has process workers (reward.runner.executor: process).
-    self.make_env = env_factory(cfg.env.name, runner=self.rewards, **cfg.env.kwargs)
+  Args:
+    cfg: the run's config (``rollout``, ``env``, ``arpo``, ``seed``, ``data.max_prompt_tokens``).
+    tokenizer: the policy's tokenizer (chat template).
+    make_env: zero-argument constructor of fresh episodes.
+    backend: ``step -> sampler`` holding the trainer's current parameters (``RLTrainer._sampler_for``).
+  """
+
+  def __init__(self, cfg: AgenticRLConfig, tokenizer, make_env, *, backend):
+    self.cfg, self.tokenizer, self.make_env, self.backend = cfg, tokenizer, make_env, backend
     self._drivers: dict[int, MultiTurnRollout] = {}
-    self._round_metrics: list[dict[str, float]] = []
 
   def driver(self, sampler) -> MultiTurnRollout:
     """The multi-turn driver over ``sampler`` (one per sampler object)."""
@@ -126,29 +127,53 @@ class AgenticTrainer(RLTrainer):
                                              max_prompt_tokens=self.cfg.data.max_prompt_tokens)}
     return self._drivers[key]
 
-  def _generate(self, sampler, idx: list[int], request_ids: list[int], *, max_new: int, n: int):
+  def rollout(self, step: int, prompts: EncodedPrompts, stream: PromptStream) -> RolloutBatch:
+    driver = self.driver(self.backend(step))
+    generate = lambda idx, ids, **kw: self.generate(driver, idx, ids, prompts=prompts, **kw)
+    return draw_rounds(generate, step, stream, self.cfg.rollout)
+
+  def set_weights(self, model, *, version: int) -> None:
+    """Nothing to push: the backend hands the sampler the trainer's arrays at each :meth:`rollout`."""
+
+  def generate(self, driver: MultiTurnRollout, idx: list[int], request_ids: list[int], *, prompts: EncodedPrompts,
+               max_new: int, n: int) -> tuple[Rollout, dict[str, float]]:
+    """One round: ``n`` episodes of each prompt ``idx`` (environment rewards, the overlong penalty added)
+    and the round's :func:`agent_metrics`."""
     r = self.cfg.rollout
     t0 = time.perf_counter()
-    batch = self.driver(sampler).run(
-        [self.train_prompts.records[i] for i in idx], n=n, max_new_tokens=max_new, request_ids=request_ids,
+    batch = driver.run(
+        [prompts.records[i] for i in idx], n=n, max_new_tokens=max_new, request_ids=request_ids,
         options=SamplingOptions(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
                                 stop_strings=tuple(r.stop_strings)), arpo=self.cfg.arpo)
     rollout = batch.to_rollout(self.tokenizer)
     if r.overlong_penalty is not None:
-      pen = r.overlong_penalty
-      rewards = rollout.task_rewards + np.asarray(losses.dapo_overlong_penalty(
-          rollout.lengths, max_len=pen.max_len or max_new, cache_len=pen.cache_len), np.float32)
-      rollout = dataclasses.replace(rollout, rewards=rewards.astype(np.float32))
-    self._round_metrics.append(agent_metrics(batch))
-    return rollout, {"time_generate": time.perf_counter() - t0, "time_reward": 0.0, "reward_errors": 0.0}
+      rollout = dataclasses.replace(rollout, rewards=total_rewards(
+          rollout.task_rewards, rollout.lengths, max_new=max_new, overlong_penalty=r.overlong_penalty))
+    info = {"time_generate": time.perf_counter() - t0, "time_reward": 0.0, "reward_errors": 0.0}
+    return rollout, {**info, **agent_metrics(batch)}
 
-  def collect(self, step: int):
-    self._round_metrics = []
-    rollout, metrics = super().collect(step)
-    if self._round_metrics:
-      for k in self._round_metrics[0]:
-        metrics[k] = float(np.mean([m[k] for m in self._round_metrics]))
-    return rollout, metrics
+  def close(self) -> None:
+    for d in self._drivers.values():
+      d.close()
+
+
+class AgenticTrainer(RLTrainer):
+  """:class:`jaxrl.rl.RLTrainer` whose rollout source is :class:`EpisodeRollout` (module docstring)."""
+
+  def __init__(self, cfg: AgenticRLConfig):
+    if not isinstance(cfg, AgenticRLConfig):
+      raise TypeError(f"AgenticTrainer needs an AgenticRLConfig, got {type(cfg).__name__}")
+    self.engine_entropy = cfg.arpo is not None  # ARPO's entropy probe on the engine (rollout.engine)
+    super().__init__(cfg)
+    if self.procs > 1:
+      raise ValueError("env: multi-turn rollouts run on one process so far (docs/agentic.md)")
+    # Tool calls run in the reward pool when it has process workers (reward.runner.executor: process).
+    self.source = EpisodeRollout(cfg, self.tokenizer, env_factory(cfg.env.name, runner=self.rewards, **cfg.env.kwargs),
+                                 backend=self._sampler_for)
+
+  def close(self) -> None:
+    self.source.close()
+    super().close()
 
   def evaluate(self, step: int, *, temperature: float | None = None, samples: int | None = None,
                prefix: str = "eval") -> dict[str, float]:
@@ -161,25 +186,24 @@ class AgenticTrainer(RLTrainer):
     temp = ev.temperature if temperature is None else temperature
     k = ev.samples if samples is None else samples
     idx = list(range(min(ev.prompts, len(self.heldout_prompts))))
-    batch = self.driver(self._sampler_for(step)).run(
+    batch = self.source.driver(self._sampler_for(step)).run(
         [self.heldout_prompts.records[i] for i in idx], n=k, max_new_tokens=self._eval_max_new(step),
         request_ids=idx, options=SamplingOptions(
             temperature=temp, top_p=self.cfg.rollout.top_p if temp else 1.0, seed=self.cfg.seed + 1,
             stop_strings=tuple(self.cfg.rollout.stop_strings)))
     rewards = np.asarray([t.reward for t in batch.trajectories], np.float64).reshape(len(idx), k)
     correct = rewards > self.cfg.reward.correct_threshold
-    out = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(rewards.mean()),
+    out = {f"{prefix}/reward_mean": float(rewards.mean()),
            f"{prefix}/length_mean": float(np.mean([len(t.tokens) for t in batch.trajectories]))}
-    if k > 1:
-      out[f"{prefix}/pass@{k}"] = float(correct.any(axis=1).mean())
+    names = [f"avg@{k}"] + ([f"pass@{k}"] if k > 1 else [])
+    names += [m for m in (rewards_lib.parse_metrics(ev.metrics, k) if ev.metrics else []) if m not in names]
+    if any(m.startswith("maj@") for m in names):
+      raise ValueError("eval.metrics: maj@k needs extracted answers, which agentic episodes do not report")
+    out.update({f"{prefix}/{m}": v for m, v in rewards_lib.summarize(correct, names).items()})
+    out[f"{prefix}/accuracy"] = out.pop(f"{prefix}/avg@{k}")  # avg@k: the share of correct episodes
     called = np.asarray([t.env.metrics().get("tool_calls", 0.0) > 0 for t in batch.trajectories]).reshape(correct.shape)
     for name, rows in (("with_tool", called), ("without_tool", ~called)):  # accuracy with / without a tool call
       if rows.any():
         out[f"{prefix}/accuracy_{name}"] = float(correct[rows].mean())
     out.update(agent_metrics(batch, prefix=prefix))
     return out
-
-  def close(self) -> None:
-    for d in self._drivers.values():
-      d.close()
-    super().close()

@@ -17,6 +17,8 @@ backward kernels; with ``interpret=True`` they run on CPU.
 
 This package imports nothing but JAX (it lives inside ``jaxrl`` only so that it does not shadow the
 unrelated ``kernels`` package on PyPI, which ``transformers`` probes for at import time).
+
+Layer (docs/design.md): may import ``sharding`` and ``config``; nothing above.
 """
 
 from __future__ import annotations

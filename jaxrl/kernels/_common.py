@@ -17,6 +17,11 @@ LN2 = 0.6931471805599453
 # and EMPTY_LSE · log2(e) still fits in float32.
 EMPTY_LSE = -0.25 * MASK_VALUE
 
+# ``lax.dot_general`` dimension numbers of the kernels' 2-D tile products.
+NT = (((1,), (1,)), ((), ()))  # a @ b.T
+TN = (((0,), (0,)), ((), ()))  # a.T @ b
+NN = (((1,), (0,)), ((), ()))  # a @ b
+
 
 def dot_f32(a, b, dims):
   """``a·b`` accumulated in float32 inside a kernel, with the precision stated so that a global

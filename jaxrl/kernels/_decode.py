@@ -17,11 +17,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl.kernels._common import LN2, LOG2E, dot_f32, next_pow2, pad_axis, round_up
+from jaxrl.kernels import _online_softmax
+from jaxrl.kernels._common import LOG2E, NT, dot_f32, next_pow2, pad_axis, round_up
 from jaxrl.kernels._reference import MASK_VALUE
-
-_NT = (((1,), (1,)), ((), ()))
-_NN = (((1,), (0,)), ((), ()))
 
 
 _dot = dot_f32  # precision stated (Mosaic refuses an fp32-precision dot on bf16 under "highest")
@@ -83,7 +81,7 @@ def _window_start(length, window):
 
 def _masked_logits(q, k, start, length, base, *, scale, softcap):
   """Logits of one ``[G, bk]`` tile with the length/window mask; ``base`` = first key index."""
-  s = _dot(q, k, _NT) * scale
+  s = _dot(q, k, NT) * scale
   if softcap is not None:
     s = softcap * jnp.tanh(s / softcap)
   idx = base + lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -110,23 +108,13 @@ def _triton_kernel(len_ref,  # [B] int32
   lo, hi = lax.div(lo_tok, block_kv), lax.div(hi_tok + block_kv - 1, block_kv)
 
   def step(j, carry):
-    acc, m, l = carry
     sl = pl.ds(j * block_kv, block_kv)
     s, valid = _masked_logits(q, k_ref[sl, :], lo_tok, hi_tok, j * block_kv, scale=scale * LOG2E,
                               softcap=None if softcap is None else softcap * LOG2E)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    alpha = jnp.exp2(m - m_new)
-    pr = jnp.where(valid, jnp.exp2(s - m_new[:, None]), 0.0)
-    v = v_ref[sl, :]
-    return (acc * alpha[:, None] + _dot(pr.astype(v.dtype), v, _NN), m_new,
-            alpha * l + jnp.sum(pr, axis=1))
+    return _online_softmax.update(*carry, s, v_ref[sl, :], valid=valid, base2=True)
 
-  acc, m, l = lax.fori_loop(lo, jnp.maximum(hi, lo), step,
-                            (jnp.zeros((g, h), jnp.float32), jnp.full((g,), MASK_VALUE, jnp.float32),
-                             jnp.zeros((g,), jnp.float32)))
-  seen = l > 0.0
-  o_ref[...] = acc / jnp.where(seen, l, 1.0)[:, None]
-  lse_ref[...] = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) * LN2, MASK_VALUE)
+  carry = lax.fori_loop(lo, jnp.maximum(hi, lo), step, _online_softmax.init((g, h), column=False))
+  o_ref[...], lse_ref[...] = _online_softmax.finish(*carry, base2=True)
 
 
 def _combine(o, lse):  # [B, P, N, H], [B, P, N] -> [B, N, H]
@@ -202,28 +190,20 @@ def _tpu_kernel(len_ref,  # SMEM [B]
 
   @pl.when(j == 0)
   def _init():
-    m_scr[...] = jnp.full(m_scr.shape, MASK_VALUE, jnp.float32)
-    l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
-    acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+    m_scr[...], l_scr[...], acc_scr[...] = _online_softmax.init(acc_scr.shape, column=True)
 
   @pl.when((j * block_kv < length) & ((j + 1) * block_kv > start))
   def _body():
     for h in range(kh):
-      k, v = k_ref[:, h, :], v_ref[:, h, :]  # [bk, H]
-      s, valid = _masked_logits(q_ref[h], k, start, length, j * block_kv, scale=scale,
-                                softcap=softcap)
-      m_prev = m_scr[h]
-      m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-      alpha = jnp.exp(m_prev - m_new)
-      p = jnp.where(valid, jnp.exp(s - m_new), 0.0)
-      l_scr[h] = alpha * l_scr[h] + jnp.sum(p, axis=1, keepdims=True)
-      m_scr[h] = m_new
-      acc_scr[h] = alpha * acc_scr[h] + _dot(p.astype(v.dtype), v, _NN)
+      s, valid = _masked_logits(q_ref[h], k_ref[:, h, :], start, length, j * block_kv, scale=scale,
+                                softcap=softcap)  # [G, bk]
+      m_scr[h], l_scr[h], acc_scr[h] = _online_softmax.update(m_scr[h], l_scr[h], acc_scr[h], s,
+                                                             v_ref[:, h, :], valid=valid)
 
   @pl.when(j == n_kv - 1)
   def _finish():
-    l = l_scr[...]
-    o_ref[...] = (acc_scr[...] / jnp.where(l > 0.0, l, 1.0)).astype(o_ref.dtype)
+    o, _ = _online_softmax.finish(m_scr[...], l_scr[...], acc_scr[...])
+    o_ref[...] = o.astype(o_ref.dtype)
 
 
 def decode_attention_tpu(q, k_cache, v_cache, lengths, *, sm_scale=None, softcap=None,

@@ -17,10 +17,10 @@ from jaxrl.kernels._common import Config, pad_axis, round_up
 
 def _backend(name: str):
   if name == "triton":
-    from jaxrl.kernels import _triton
+    from jaxrl.kernels import _triton  # lazy: the Triton lowering is only needed on a GPU backend
     return _triton
   if name == "tpu":
-    from jaxrl.kernels import _tpu
+    from jaxrl.kernels import _tpu  # lazy: the Mosaic TPU lowering is only needed on a TPU backend
     return _tpu
   raise ValueError(f"unknown flash backend {name!r}")
 

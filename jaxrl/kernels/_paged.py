@@ -26,9 +26,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl.kernels import _decode
-from jaxrl.kernels._common import LN2, LOG2E, next_pow2, pad_axis
-from jaxrl.kernels._reference import MASK_VALUE
+from jaxrl.kernels import _decode, _online_softmax
+from jaxrl.kernels._common import LOG2E, next_pow2, pad_axis
 
 PAGED_IMPLS = ("auto", "reference", "pallas_triton", "pallas_tpu")
 
@@ -156,24 +155,13 @@ def _triton_kernel(len_ref,  # [B] int32
   lo, hi = lax.div(lo_tok, bs), lax.div(hi_tok + bs - 1, bs)
 
   def step(j, carry):
-    acc, m, l = carry
     page = table_ref[j]
-    k = k_ref[page]  # [bs, H']
-    s, valid = _decode._masked_logits(q, k, lo_tok, hi_tok, j * bs, scale=scale * LOG2E,
-                                      softcap=None if softcap is None else softcap * LOG2E)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    alpha = jnp.exp2(m - m_new)
-    pr = jnp.where(valid, jnp.exp2(s - m_new[:, None]), 0.0)
-    v = v_ref[page]
-    return (acc * alpha[:, None] + _decode._dot(pr.astype(v.dtype), v, _decode._NN), m_new,
-            alpha * l + jnp.sum(pr, axis=1))
+    s, valid = _decode._masked_logits(q, k_ref[page], lo_tok, hi_tok, j * bs, scale=scale * LOG2E,
+                                      softcap=None if softcap is None else softcap * LOG2E)  # [G', bs]
+    return _online_softmax.update(*carry, s, v_ref[page], valid=valid, base2=True)
 
-  acc, m, l = lax.fori_loop(lo, jnp.maximum(hi, lo), step,
-                            (jnp.zeros((g, h), jnp.float32), jnp.full((g,), MASK_VALUE, jnp.float32),
-                             jnp.zeros((g,), jnp.float32)))
-  seen = l > 0.0
-  o_ref[...] = acc / jnp.where(seen, l, 1.0)[:, None]
-  lse_ref[...] = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) * LN2, MASK_VALUE)
+  carry = lax.fori_loop(lo, jnp.maximum(hi, lo), step, _online_softmax.init((g, h), column=False))
+  o_ref[...], lse_ref[...] = _online_softmax.finish(*carry, base2=True)
 
 
 def paged_decode_attention_triton(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None, softcap=None,

@@ -26,13 +26,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxrl.kernels import _blocks
-from jaxrl.kernels._common import EMPTY_LSE, BlockSizes, Config, dot_f32, next_pow2, visible
+from jaxrl.kernels import _blocks, _online_softmax
+from jaxrl.kernels._common import EMPTY_LSE, NN, NT, TN, BlockSizes, Config, dot_f32, next_pow2, visible
 from jaxrl.kernels._reference import MASK_VALUE
-
-_NT = (((1,), (1,)), ((), ()))  # a @ b.T
-_TN = (((0,), (0,)), ((), ()))  # a.T @ b
-_NN = (((1,), (0,)), ((), ()))  # a @ b
 
 
 _dot = dot_f32  # precision stated: see _common.dot_f32
@@ -76,7 +72,7 @@ def tile_schedule(ranges: _blocks.BlockRanges, n_inner: int) -> jax.Array:  # [B
 
 
 def _logits(q, k, cfg):
-  s = _dot(q, k, _NT) * cfg.sm_scale
+  s = _dot(q, k, NT) * cfg.sm_scale
   t = None
   if cfg.softcap is not None:
     t = jnp.tanh(s / cfg.softcap)
@@ -139,29 +135,20 @@ def _fwd_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # SMEM [B, nq]
 
   @pl.when(j == 0)
   def _init():
-    m_scr[...] = jnp.full(m_scr.shape, MASK_VALUE, jnp.float32)
-    l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
-    acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+    m_scr[...], l_scr[...], acc_scr[...] = _online_softmax.init(acc_scr.shape, column=True)
     if cfg.debug:
       cnt_ref[0] = 0
 
   run, full = _run_flags((lo_ref, hi_ref, flo_ref, fhi_ref), b, i, j)
 
   def body(masked):
-    k, v = k_ref[...], v_ref[...]
-    s, _ = _logits(_flat(q_ref[...]), k, cfg)  # [G*bq, bk]
+    s, _ = _logits(_flat(q_ref[...]), k_ref[...], cfg)  # [G*bq, bk]
+    mask = None
     if masked:
       mask = _tile_mask(qs_ref, qp_ref, ks_ref, kp_ref, g, cfg)
       s = jnp.where(mask, s, MASK_VALUE)
-    m_prev = m_scr[...]
-    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-    alpha = jnp.exp(m_prev - m_new)
-    p = jnp.exp(s - m_new)
-    if masked:
-      p = jnp.where(mask, p, 0.0)
-    l_scr[...] = alpha * l_scr[...] + jnp.sum(p, axis=1, keepdims=True)
-    m_scr[...] = m_new
-    acc_scr[...] = alpha * acc_scr[...] + _dot(p.astype(v.dtype), v, _NN)
+    m_scr[...], l_scr[...], acc_scr[...] = _online_softmax.update(
+        m_scr[...], l_scr[...], acc_scr[...], s, v_ref[...], valid=mask)
     if cfg.debug:
       cnt_ref[0] += 1
 
@@ -170,11 +157,8 @@ def _fwd_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # SMEM [B, nq]
 
   @pl.when(j == n_kv - 1)
   def _finish():
-    l = l_scr[...]
-    seen = l > 0.0
-    o = acc_scr[...] / jnp.where(seen, l, 1.0)
+    o, lse = _online_softmax.finish(m_scr[...], l_scr[...], acc_scr[...], empty_lse=EMPTY_LSE)
     o_ref[...] = o.reshape(g, bq, h).astype(o_ref.dtype)
-    lse = jnp.where(seen, m_scr[...] + jnp.log(jnp.where(seen, l, 1.0)), EMPTY_LSE)
     lse_ref[...] = lse.reshape(g, bq, 1)
 
 
@@ -284,10 +268,10 @@ def _dq_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # SMEM [B, nq]
     p = jnp.exp(s - _flat(lse_ref[...]))
     if masked:
       p = jnp.where(_tile_mask(qs_ref, qp_ref, ks_ref, kp_ref, g, cfg), p, 0.0)
-    ds = p * (_dot(_flat(do_ref[...]), v, _NT) - _flat(delta_ref[...]))
+    ds = p * (_dot(_flat(do_ref[...]), v, NT) - _flat(delta_ref[...]))
     if t is not None:
       ds = ds * (1.0 - t * t)
-    dq_scr[...] += _dot(ds.astype(k.dtype), k, _NN)
+    dq_scr[...] += _dot(ds.astype(k.dtype), k, NN)
 
   pl.when(run & full)(lambda: body(False))
   pl.when(run & ~full)(lambda: body(True))
@@ -323,11 +307,11 @@ def _dkv_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # SMEM [B, nk]
     p = jnp.exp(s - _flat(lse_ref[...]))
     if masked:
       p = jnp.where(_tile_mask(qs_ref, qp_ref, ks_ref, kp_ref, g, cfg), p, 0.0)
-    dv_scr[...] += _dot(p.astype(do.dtype), do, _TN)
-    ds = p * (_dot(do, v, _NT) - _flat(delta_ref[...]))
+    dv_scr[...] += _dot(p.astype(do.dtype), do, TN)
+    ds = p * (_dot(do, v, NT) - _flat(delta_ref[...]))
     if t is not None:
       ds = ds * (1.0 - t * t)
-    dk_scr[...] += _dot(ds.astype(q.dtype), q, _TN)
+    dk_scr[...] += _dot(ds.astype(q.dtype), q, TN)
 
   pl.when(run & full)(lambda: body(False))
   pl.when(run & ~full)(lambda: body(True))

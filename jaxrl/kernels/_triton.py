@@ -30,14 +30,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl.kernels import _blocks
-from jaxrl.kernels._common import (EMPTY_LSE, LN2, LOG2E, BlockSizes, Config, next_pow2, pad_axis,
-                                  visible)
+from jaxrl.kernels import _blocks, _online_softmax
+from jaxrl.kernels._common import (EMPTY_LSE, LOG2E, NN, NT, TN, BlockSizes, Config, next_pow2,
+                                  pad_axis, visible)
 from jaxrl.kernels._reference import MASK_VALUE
-
-_NT = (((1,), (1,)), ((), ()))  # a @ b.T
-_TN = (((0,), (0,)), ((), ()))  # a.T @ b
-_NN = (((1,), (0,)), ((), ()))  # a @ b
 
 
 def _dot(a, b, dims):
@@ -83,8 +79,8 @@ def _rows(x: jax.Array, g: int) -> jax.Array:  # [bq] -> [bq * g]
 def _logits(q, k, cfg):
   """Scaled (and soft-capped) logits in base-2 units, plus ``tanh`` for the soft-cap gradient."""
   if cfg.softcap is None:
-    return _dot(q, k, _NT) * (cfg.sm_scale * LOG2E), None
-  t = jnp.tanh(_dot(q, k, _NT) * (cfg.sm_scale / cfg.softcap))
+    return _dot(q, k, NT) * (cfg.sm_scale * LOG2E), None
+  t = jnp.tanh(_dot(q, k, NT) * (cfg.sm_scale / cfg.softcap))
   return t * (cfg.softcap * LOG2E), t
 
 
@@ -108,33 +104,23 @@ def _fwd_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # [nq] int32 tile ranges
   q_seg, q_pos = _rows(qs_ref[...], g), _rows(qp_ref[...], g)
 
   def step(j, carry, masked):
-    acc, m, l, n = carry
+    m, l, acc, n = carry
     sl = pl.ds(j * block_kv, block_kv)
-    k = k_ref[sl, :]
-    s, _ = _logits(q, k, cfg)  # [rows, bk]
+    s, _ = _logits(q, k_ref[sl, :], cfg)  # [rows, bk]
+    mask = None
     if masked:
       mask = visible(q_seg, q_pos, ks_ref[sl], kp_ref[sl], causal=cfg.causal, window=cfg.window)
       s = jnp.where(mask, s, MASK_VALUE)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    alpha = jnp.exp2(m - m_new)
-    p = jnp.exp2(s - m_new[:, None])
-    if masked:
-      p = jnp.where(mask, p, 0.0)
-    l = alpha * l + jnp.sum(p, axis=1)
-    v = v_ref[sl, :]
-    acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, _NN)
-    return acc, m_new, l, n + 1
+    m, l, acc = _online_softmax.update(m, l, acc, s, v_ref[sl, :], valid=mask, base2=True, dot=_dot)
+    return m, l, acc, n + 1
 
-  carry = (jnp.zeros((rows, h), jnp.float32), jnp.full((rows,), MASK_VALUE, jnp.float32),
-           jnp.zeros((rows,), jnp.float32), jnp.int32(0))
+  carry = (*_online_softmax.init((rows, h), column=False), jnp.int32(0))
   lo, hi, flo, fhi = lo_ref[i], hi_ref[i], flo_ref[i], fhi_ref[i]
   carry = lax.fori_loop(lo, flo, functools.partial(step, masked=True), carry)
   carry = lax.fori_loop(flo, fhi, functools.partial(step, masked=False), carry)
-  acc, m, l, n = lax.fori_loop(fhi, hi, functools.partial(step, masked=True), carry)
-  seen = l > 0.0
-  o = acc / jnp.where(seen, l, 1.0)[:, None]
+  m, l, acc, n = lax.fori_loop(fhi, hi, functools.partial(step, masked=True), carry)
+  o, lse = _online_softmax.finish(m, l, acc, base2=True, empty_lse=EMPTY_LSE)
   o_ref[...] = o.reshape(bq, g, h).astype(o_ref.dtype)
-  lse = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) * LN2, EMPTY_LSE)
   lse_ref[...] = lse.reshape(bq, g)
   if cnt_ref:
     cnt_ref[0][...] = jnp.full((1,), n, jnp.int32)
@@ -256,10 +242,10 @@ def _dq_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # [nq]
     if masked:
       mask = visible(q_seg, q_pos, ks_ref[sl], kp_ref[sl], causal=cfg.causal, window=cfg.window)
       p = jnp.where(mask, p, 0.0)
-    ds = p * (_dot(do, v, _NT) - delta[:, None])
+    ds = p * (_dot(do, v, NT) - delta[:, None])
     if t is not None:
       ds = ds * (1.0 - t * t)
-    return dq + _dot(ds.astype(k.dtype), k, _NN)
+    return dq + _dot(ds.astype(k.dtype), k, NN)
 
   dq = jnp.zeros((rows, h), jnp.float32)
   lo, hi, flo, fhi = lo_ref[i], hi_ref[i], flo_ref[i], fhi_ref[i]
@@ -296,11 +282,11 @@ def _dkv_kernel(lo_ref, hi_ref, flo_ref, fhi_ref,  # [nk]
       mask = visible(_rows(qs_ref[sl], g), _rows(qp_ref[sl], g), kv_seg, kv_pos,
                      causal=cfg.causal, window=cfg.window)
       p = jnp.where(mask, p, 0.0)
-    dv = dv + _dot(p.astype(do.dtype), do, _TN)
-    ds = p * (_dot(do, v, _NT) - delta[:, None])
+    dv = dv + _dot(p.astype(do.dtype), do, TN)
+    ds = p * (_dot(do, v, NT) - delta[:, None])
     if t is not None:
       ds = ds * (1.0 - t * t)
-    dk = dk + _dot(ds.astype(q.dtype), q, _TN)
+    dk = dk + _dot(ds.astype(q.dtype), q, TN)
     return dk, dv
 
   carry = (jnp.zeros((k.shape[0], h), jnp.float32), jnp.zeros((k.shape[0], h), jnp.float32))

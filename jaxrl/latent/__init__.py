@@ -10,6 +10,8 @@ Example::
     from jaxrl import latent
     cfg = latent.CoconutConfig(method="coconut", c=1, max_stage=2, stage_steps=100, steps=400)
     results = latent.CoconutTrainer(cfg).run()   # results["eval_after"]["accuracy"]
+
+Layer (docs/design.md): may import ``train`` and the layers below; not ``rl``, ``envs`` or anything above.
 """
 
 from jaxrl.latent._data import (

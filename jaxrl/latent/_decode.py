@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl.sampling._latent import left_pad, think
+from jaxrl.sampling import decode_tokens, left_pad, think
 
 
 class LatentOutput(NamedTuple):
@@ -34,26 +34,10 @@ class LatentOutput(NamedTuple):
 def _decode(graphdef, state, head, tokens, positions, segment_ids, *, thoughts: int, eot: int | None, eos: int,
             pad: int, max_new_tokens: int):
   model = nnx.merge(graphdef, state)
-  b = tokens.shape[0]
-  g = max_new_tokens
-  th = think(model, graphdef, state, head, tokens, positions, segment_ids, thoughts=thoughts, eot=eot, extra=g)
-  cache, slot, pos = th.cache, th.slot, th.pos
-  first = jnp.argmax(th.first_logits, axis=-1).astype(jnp.int32)
-  ones = jnp.ones((b, 1), jnp.int32)
-
-  def body(i, carry):
-    cache, tok, out, done, state = carry
-    out = out.at[:, i].set(jnp.where(done, pad, tok))
-    done = done | (tok == eos)
-    logits, cache = nnx.merge(graphdef, state)(
-        tok[:, None], positions=(pos + i)[:, None], segment_ids=ones, cache=cache,
-        cache_start=jnp.full((b,), slot + i, jnp.int32))
-    return cache, jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), out, done, state
-
-  out = jnp.full((b, g), pad, jnp.int32)
-  _, _, out, done, _ = jax.lax.fori_loop(0, g, body, (cache, first, out, jnp.zeros((b,), bool), state))
-  is_eos = out == eos
-  lengths = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, g)
+  th = think(model, graphdef, state, head, tokens, positions, segment_ids, thoughts=thoughts, eot=eot,
+             extra=max_new_tokens)
+  greedy = lambda logits, i: (jnp.argmax(logits, axis=-1).astype(jnp.int32), ())
+  out, _, lengths = decode_tokens(graphdef, state, th, greedy, eos=eos, pad=pad, max_new_tokens=max_new_tokens)
   return out, lengths, th.thought_inputs, th.count
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl.sampling._latent import eot_logits  # noqa: F401  (defined a layer below, for decoding)
+from jaxrl.sampling import eot_logits  # noqa: F401  (defined a layer below, for decoding)
 
 
 def init_eot_head(hidden_size: int) -> dict[str, jax.Array]:

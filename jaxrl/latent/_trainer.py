@@ -57,7 +57,8 @@ from jaxrl.latent._decode import latent_generate
 from jaxrl.latent._eot import eot_logits, eot_loss, init_eot_head
 from jaxrl.latent._forward import latent_hidden, packed_latent_hidden
 from jaxrl.latent._prosqa import ProsQAConfig, prosqa_chains
-from jaxrl.models._source import ModelSource
+from jaxrl.models import ModelSource
+from jaxrl import config as config_lib
 
 Method = Literal["coconut", "cot", "no_cot", "no_curriculum", "no_thought", "pause_as_thought"]
 METHODS: dict[str, tuple[bool, ThoughtKind]] = {
@@ -67,13 +68,10 @@ METHODS: dict[str, tuple[bool, ThoughtKind]] = {
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LatentData:
-  train: tuple[str, ...] = ()
-  "JSONL files of {question, steps, answer} records. Empty: use `builtin`."
-  heldout: tuple[str, ...] = ()
-  "Held-out JSONL files for accuracy."
-  builtin: data_lib.BuiltinTask | None = dataclasses.field(default_factory=data_lib.BuiltinTask)
-  "The built-in arithmetic task (its steps are the reasoning steps), used when `train` is empty."
+class LatentData(data_lib.TaskData):
+  """Where chains come from: JSONL files of {question, steps, answer} records (``heldout`` for accuracy); the
+  built-in arithmetic task's steps are the reasoning steps."""
+
   prosqa: ProsQAConfig | None = None
   "The generated ProsQA-style graph-reachability task; used instead of `builtin` when set (and `train` is empty)."
 
@@ -240,7 +238,6 @@ class CoconutTrainer:
     self.cfg = cfg
     self.out_dir = Path(cfg.out_dir)
     self.out_dir.mkdir(parents=True, exist_ok=True)
-    from jaxrl import config as config_lib
     (self.out_dir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
     self.mesh = cfg.mesh.build()
     self.rules = cfg.mesh.logical_rules()
@@ -355,7 +352,7 @@ class CoconutTrainer:
     results.update(stages=stage_log, train_seconds=time.perf_counter() - t0, eval_after=self.evaluate())
     logger.log(cfg.steps, results["eval_after"])
     logger.close(title=f"latent/{cfg.method}")
-    (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    train.write_results(results, self.out_dir)  # one process: written unconditionally, as before
     return results
 
 

@@ -8,6 +8,9 @@ over tokens or samples is folded into per-token weights computed once per global
 
 The advantage estimator and the policy objective both called ``gpg`` are exported as
 ``gpg_advantage`` and ``gpg_objective``; the registries use the plain name.
+
+Layer (docs/design.md): may import ``models`` and the layers below (it needs only JAX); not ``data`` or
+anything above.
 """
 
 from jaxrl.losses._advantages import (
@@ -34,6 +37,7 @@ from jaxrl.losses._advantages import (
     seed_grpo,
 )
 from jaxrl.losses._policy import (
+    CONTEXT_KEYS,
     OBJECTIVES,
     cispo,
     clip_cov,
@@ -200,4 +204,5 @@ __all__ = [
     "token_mask_weights",
     "value_loss",
     "vanilla_pg",
+    "CONTEXT_KEYS",
 ]

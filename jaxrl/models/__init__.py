@@ -7,22 +7,23 @@ Example::
     model = models.load_pretrained(hf_dir, mesh=mesh, dtype="float32")
     logits = model(tokens, positions=positions, segment_ids=segment_ids)  # [B, T, V] float32
     models.save_pretrained(model, out_dir, tokenizer=models.load_tokenizer(hf_dir))
+
+Layer (docs/design.md): may import ``kernels``, ``sharding`` and ``config``; nothing above.
 """
 
-from jaxrl.models._config import PRESETS, ModelConfig, RopeScaling
-from jaxrl.models._hf import (
-    abstract_model,
-    cast_params,
-    compute_view,
-    check_tokenizer,
-    config_from_dir,
-    init_model,
-    load_pretrained,
-    load_tokenizer,
-    save_pretrained,
-    shard_model,
-    state_shardings,
+from jaxrl.models._cache import (
+    PAGE_AXES,
+    CacheAxes,
+    KVCache,
+    cache_axes,
+    cache_block_bytes,
+    cache_shards,
+    write_page_blocks,
+    write_page_tokens,
+    write_rows,
 )
+from jaxrl.models._config import PRESETS, ModelConfig, RopeScaling
+from jaxrl.models._hf import check_tokenizer, config_from_dir, load_pretrained, load_tokenizer, save_pretrained
 from jaxrl.models._lora import (
     LORA_LR_MULTIPLIER,
     LORA_MODULES,
@@ -50,8 +51,9 @@ from jaxrl.models._lora_budget import (
     optimizer_state_bytes,
 )
 from jaxrl.models._peft import load_peft, read_peft_config, save_peft
+from jaxrl.models._placement import abstract_model, cast_params, compute_view, init_model, shard_model, state_shardings
 from jaxrl.models._source import ModelSource, convert, describe_model_section
-from jaxrl.models._transformer import KVCache, Placement, Transformer, apply_rope, rope_frequencies
+from jaxrl.models._transformer import Placement, Transformer, apply_rope, rope_frequencies
 from jaxrl.models._transformer import add_lora
 
 __all__ = [
@@ -81,7 +83,9 @@ __all__ = [
     "save_peft",
     "split_lora",
     "unmerge_lora",
+    "CacheAxes",
     "KVCache",
+    "PAGE_AXES",
     "ModelSource",
     "ModelConfig",
     "PRESETS",
@@ -90,6 +94,9 @@ __all__ = [
     "Transformer",
     "abstract_model",
     "apply_rope",
+    "cache_axes",
+    "cache_block_bytes",
+    "cache_shards",
     "cast_params",
     "compute_view",
     "check_tokenizer",
@@ -103,4 +110,7 @@ __all__ = [
     "save_pretrained",
     "shard_model",
     "state_shardings",
+    "write_page_blocks",
+    "write_page_tokens",
+    "write_rows",
 ]

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jaxrl import kernels
 
 MODEL_TYPES = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16")
@@ -152,7 +153,6 @@ class ModelConfig:
         raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {list(DTYPES)}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat: {self.remat!r} is not one of {list(REMAT_POLICIES)}")
-    from jaxrl import kernels  # the dispatcher owns the list of implementations
     if self.attention_impl not in kernels.IMPLS:
       raise ValueError(f"attention_impl: {self.attention_impl!r} is not one of {list(kernels.IMPLS)}")
 

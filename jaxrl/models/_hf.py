@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint interop: load/save safetensors directories, tokenizers, sharded placement.
+"""Hugging Face checkpoint interop: load/save safetensors directories, tokenizers.
 
 Loading never materialises a full unsharded copy: the module is built abstractly
 (:func:`flax.nnx.eval_shape`), and every parameter is created with
@@ -15,7 +15,6 @@ between the two layouts.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -28,10 +27,13 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensors' numpy reader needs)
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from jaxrl.models._config import ModelConfig
-from jaxrl.models._transformer import Placement, Transformer
+from jaxrl.models._placement import _set_placement, abstract_model, state_shardings
+from jaxrl.models._transformer import Transformer
 from jaxrl.sharding import LogicalRules
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -164,8 +166,6 @@ class _Checkpoint:
   """The tensors of a local HF directory (one ``model.safetensors`` or an indexed set of shards)."""
 
   def __init__(self, path: Path):
-    from safetensors import safe_open
-
     self.path = path
     index_file = path / SAFETENSORS_INDEX
     if index_file.exists():
@@ -330,147 +330,6 @@ def _load_array(ckpt: _Checkpoint, entry: _Entry, shape, sharding, np_dtype, num
 
 
 # --------------------------------------------------------------------------------------------------
-# Sharding helpers
-
-
-def state_shardings(state_or_model, mesh: Mesh | None, rules: LogicalRules | None = None):
-  """``NamedSharding`` of every variable from its logical ``out_sharding`` names.
-
-  Args:
-    state_or_model: an ``nnx.State`` (concrete or abstract) or an ``nnx.Module``.
-    mesh: target mesh; ``None`` gives a single-device sharding on the first device.
-    rules: logical-to-mesh rules (default :meth:`LogicalRules.default`).
-
-  Returns:
-    A state of the same structure whose variables hold shardings (usable as ``out_shardings`` or in
-    ``jax.device_put``).
-  """
-  state = nnx.state(state_or_model) if isinstance(state_or_model, nnx.Module) else state_or_model
-  rules = rules or LogicalRules.default()
-
-  def one(_, var):
-    if mesh is None:
-      return var.replace(SingleDeviceSharding(jax.devices()[0]))
-    names = var.get_metadata().get("out_sharding")
-    if not names:
-      return var.replace(NamedSharding(mesh, PartitionSpec()))
-    return var.replace(rules.sharding(names, mesh, var.shape))
-
-  return nnx.map_state(one, state)
-
-
-def _set_placement(model: Transformer, mesh: Mesh | None, rules: LogicalRules | None) -> Transformer:
-  """Records ``(mesh, rules)`` on ``model`` (``None`` mesh: no placement) and returns it."""
-  model.placement = None if mesh is None else Placement(mesh, rules or LogicalRules.default())
-  return model
-
-
-def shard_model(model: Transformer, mesh: Mesh, rules: LogicalRules | None = None) -> Transformer:
-  """A copy of ``model`` with every parameter placed as ``rules`` say on ``mesh``.
-
-  The copy holds a :class:`Placement`: its forward pass constrains activations and runs attention
-  kernels per shard on ``mesh``. Arrays already placed so are not copied.
-  """
-  graphdef, state = nnx.split(model)
-  state = jax.device_put(state, state_shardings(state, mesh, rules))
-  return _set_placement(nnx.merge(graphdef, state), mesh, rules)
-
-
-def abstract_model(cfg: ModelConfig, *, mesh: Mesh | None = None, rules: LogicalRules | None = None) -> Transformer:
-  """The model with ``jax.ShapeDtypeStruct`` leaves: shapes and metadata, no memory, no init.
-
-  With ``mesh`` it holds a :class:`Placement` like a model placed there (e.g. to lower its programs
-  ahead of time for a target mesh).
-  """
-  return _set_placement(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))), mesh, rules)
-
-
-def init_model(cfg: ModelConfig, *, mesh: Mesh | None = None, rules: LogicalRules | None = None,
-               seed: int = 0) -> Transformer:
-  """A randomly initialised model, each parameter created directly on its shards (jit + out_shardings).
-
-  The initialiser is compiled once per ``(cfg, mesh, rules)``; the seed is a traced argument.
-  """
-  graphdef, state = _init_fn(cfg, mesh, rules)(jnp.asarray(seed, jnp.uint32))
-  return _set_placement(nnx.merge(graphdef, state), mesh, rules)
-
-
-KEEP_MASTER_DTYPE = ("embed", "scale")
-"""Parameter names :func:`compute_view` leaves in the master dtype: the input embedding (its gradient is a
-scatter-add over tokens, accumulated in float32) and every RMSNorm ``scale`` (norms run in float32)."""
-
-
-def compute_view(params, dtype):
-  """The weights a train step's forward and backward passes read, cast to the compute ``dtype`` once.
-
-  Every floating array is cast except the :data:`KEEP_MASTER_DTYPE` ones. The model casts each of these
-  arrays to the compute dtype before every use (``w.astype(dt)`` in each projection and in the
-  unembedding), and a cast's transpose only converts the cotangent back, so the gradients with respect to
-  the view are the master weights' gradients in the compute dtype (the train step accumulates them in
-  float32). Traceable: call it inside ``jit``. With ``dtype`` equal to the master dtype it returns
-  ``params`` unchanged.
-
-  Why: the micro-batch loop and the layer loops of a jitted train step carry the weights they read, and
-  XLA gives each loop its own copy of a donated argument (measured for DeepCoder 14B on h100x8: two
-  float32 copies of every layer beside the gradients, docs/scaling.md). Carrying the compute-dtype view
-  halves those copies.
-  """
-  dtype = jnp.dtype(dtype)
-
-  def cast(path, x):
-    names = {getattr(k, "key", None) for k in path}
-    if names & set(KEEP_MASTER_DTYPE) or not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
-      return x
-    return x.astype(dtype)
-  return jax.tree_util.tree_map_with_path(cast, params)
-
-
-def cast_params(tree, dtype, *, copy: bool = False):
-  """A copy of a model's (or any pytree's) floating-point arrays in ``dtype``, cast on device.
-
-  How the sampler and the frozen KL reference get their compute-dtype weights from float32 master
-  weights: each array is converted where it lives (its sharding is kept), in one jitted program.
-  Arrays already in ``dtype`` and non-float leaves are returned as they are unless ``copy``.
-
-  Args:
-    tree: an ``nnx.Module`` (the result is the same module type over the cast state; its config is
-      unchanged) or a pytree of arrays (e.g. an ``nnx.State``).
-    dtype: e.g. ``"bfloat16"`` or ``model.cfg.dtype``.
-    copy: also copy float arrays already in ``dtype`` (a frozen reference that must outlive the
-      originals being donated to a train step).
-  """
-  dtype = jnp.dtype(dtype)
-  if isinstance(tree, nnx.Module):
-    graphdef, state = nnx.split(tree)
-    return nnx.merge(graphdef, cast_params(state, dtype, copy=copy))
-  leaves, treedef = jax.tree.flatten(tree)
-  todo = [i for i, x in enumerate(leaves)
-          if jnp.issubdtype(jnp.result_type(x), jnp.floating) and (copy or jnp.result_type(x) != dtype)]
-  if todo:
-    cast = _cast_fn(dtype)([leaves[i] for i in todo])
-    for i, x in zip(todo, cast):
-      leaves[i] = x
-  return jax.tree.unflatten(treedef, leaves)
-
-
-@functools.lru_cache(maxsize=8)
-def _cast_fn(dtype):
-  return jax.jit(lambda xs: [jnp.copy(x.astype(dtype)) for x in xs])
-
-
-@functools.lru_cache(maxsize=32)
-def _init_fn(cfg: ModelConfig, mesh: Mesh | None, rules: LogicalRules | None):
-  graphdef, abs_state = nnx.split(abstract_model(cfg))
-  shardings = state_shardings(abs_state, mesh, rules)
-
-  def make(seed):
-    return nnx.state(Transformer(cfg, rngs=nnx.Rngs(params=jax.random.key(seed))))
-
-  make = jax.jit(make, out_shardings=shardings)
-  return lambda seed: (graphdef, make(seed))
-
-
-# --------------------------------------------------------------------------------------------------
 # Saving
 
 
@@ -514,8 +373,6 @@ def save_pretrained(
     dtype: storage dtype ('float32' or 'bfloat16'); default the model's ``param_dtype``.
     generation_config: keys for ``generation_config.json``.
   """
-  from safetensors.numpy import save_file
-
   cfg = model.cfg
   dtype = dtype or cfg.param_dtype
   if dtype not in _NP_DTYPES:
@@ -525,60 +382,94 @@ def save_pretrained(
   if max_shard_bytes <= 0:
     raise ValueError(f"max_shard_bytes: must be positive, got {max_shard_bytes!r}")
   np_dtype = _NP_DTYPES[dtype]
-  itemsize = np.dtype(np_dtype).itemsize
-  state = nnx.state(model)
-
-  # HF order: embedding, layers in order, final norm, head.
-  plan = []  # (hf_name, nbytes, entry, var, layer_slot)
-  for entry, var in _entries(state, cfg):
-    layer_shape = var.shape[1:] if entry.stacked else var.shape
-    nbytes = math.prod(entry.layout.hf_shape(layer_shape)) * itemsize
-    for slot, name in enumerate(entry.hf_names(cfg.num_layers)):
-      plan.append((name, nbytes, entry, var, slot if entry.stacked else None))
-  plan.sort(key=lambda p: _hf_order(p[0]))
-  shards: list[list] = [[]]
-  size = 0
-  for item in plan:
-    if shards[-1] and size + item[1] > max_shard_bytes:
-      shards.append([])
-      size = 0
-    shards[-1].append(item)
-    size += item[1]
-
+  shards = _shard_plan(nnx.state(model), cfg, itemsize=np.dtype(np_dtype).itemsize, max_shard_bytes=max_shard_bytes)
   writer = jax.process_index() == 0
   path = Path(path)
   if writer:
     path.mkdir(parents=True, exist_ok=True)
-  names = ([SAFETENSORS_FILE] if len(shards) == 1 else
-           [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-  weight_map = {}
-  for fname, shard in zip(names, shards):
-    tensors = {}
-    for name, _, entry, var, slot in shard:
-      tensors[name] = entry.layout.to_hf(_host_array(var.get_value(), slot).astype(np_dtype))
-      weight_map[name] = fname
-    if writer:
-      save_file(tensors, str(path / fname), metadata={"format": "pt"})
+  weight_map = _write_shards(shards, path, np_dtype, writer=writer)
   if not writer:
     return
-  if len(shards) > 1:
-    total = sum(item[1] for item in plan)
-    with open(path / SAFETENSORS_INDEX, "w") as f:
-      json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
-  else:
-    (path / SAFETENSORS_INDEX).unlink(missing_ok=True)
-  extra = {}
-  if tokenizer is not None:
-    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
-      if getattr(tokenizer, k, None) is not None:
-        extra[k] = getattr(tokenizer, k)
+  _write_index(path, shards, weight_map)
   with open(path / "config.json", "w") as f:
-    json.dump(cfg.to_hf_config(torch_dtype=dtype, **extra), f, indent=2)
+    json.dump(_hf_config(cfg, dtype, tokenizer), f, indent=2)
   if generation_config is not None:
     with open(path / "generation_config.json", "w") as f:
       json.dump(dict(generation_config), f, indent=2)
   if tokenizer is not None:
     tokenizer.save_pretrained(str(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+  """One HF tensor to write: its name, size on disk, the parameter it comes from and its layer slot."""
+
+  name: str
+  nbytes: int
+  entry: _Entry
+  var: nnx.Variable
+  slot: int | None  # layer index into a stacked (scan_layers) parameter, else None
+
+
+def _shard_plan(state: nnx.State, cfg: ModelConfig, *, itemsize: int, max_shard_bytes: int) -> list[list[_Tensor]]:
+  """Every HF tensor in HF order (embedding, layers in order, final norm, head), split greedily into
+  shards of at most ``max_shard_bytes`` (a tensor larger than that gets a shard of its own)."""
+  plan = []
+  for entry, var in _entries(state, cfg):
+    layer_shape = var.shape[1:] if entry.stacked else var.shape
+    nbytes = math.prod(entry.layout.hf_shape(layer_shape)) * itemsize
+    for slot, name in enumerate(entry.hf_names(cfg.num_layers)):
+      plan.append(_Tensor(name, nbytes, entry, var, slot if entry.stacked else None))
+  plan.sort(key=lambda t: _hf_order(t.name))
+  shards: list[list[_Tensor]] = [[]]
+  size = 0
+  for tensor in plan:
+    if shards[-1] and size + tensor.nbytes > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(tensor)
+    size += tensor.nbytes
+  return shards
+
+
+def _shard_names(count: int) -> list[str]:
+  if count == 1:
+    return [SAFETENSORS_FILE]
+  return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def _write_shards(shards: list[list[_Tensor]], path: Path, np_dtype, *, writer: bool) -> dict[str, str]:
+  """Gathers each shard's tensors to the host in the HF layout (every process: the gathers are collective),
+  writes them when ``writer``, and returns the weight map (tensor name -> file name)."""
+  weight_map = {}
+  for fname, shard in zip(_shard_names(len(shards)), shards):
+    tensors = {}
+    for t in shard:
+      tensors[t.name] = t.entry.layout.to_hf(_host_array(t.var.get_value(), t.slot).astype(np_dtype))
+      weight_map[t.name] = fname
+    if writer:
+      save_file(tensors, str(path / fname), metadata={"format": "pt"})
+  return weight_map
+
+
+def _write_index(path: Path, shards: list[list[_Tensor]], weight_map: dict[str, str]) -> None:
+  """``model.safetensors.index.json`` for several shards; a stale one is removed for a single file."""
+  if len(shards) > 1:
+    total = sum(t.nbytes for shard in shards for t in shard)
+    with open(path / SAFETENSORS_INDEX, "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+  else:
+    (path / SAFETENSORS_INDEX).unlink(missing_ok=True)
+
+
+def _hf_config(cfg: ModelConfig, dtype: str, tokenizer) -> dict[str, Any]:
+  """``config.json``'s contents: the model's HF config, with the tokenizer's special-token ids when given."""
+  extra = {}
+  if tokenizer is not None:
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+      if getattr(tokenizer, k, None) is not None:
+        extra[k] = getattr(tokenizer, k)
+  return cfg.to_hf_config(torch_dtype=dtype, **extra)
 
 
 def _hf_order(name: str):

@@ -13,7 +13,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
+from jaxrl.models._config import ModelConfig
 from jaxrl.models._lora import (
     LORA_MODULES,
     LoraConfig,
@@ -64,8 +67,6 @@ def save_peft(model: Transformer, path: str | os.PathLike, *, base_model_name_or
     path: output directory (created).
     base_model_name_or_path: recorded in the config (PEFT uses it when no base model is passed).
   """
-  from safetensors.numpy import save_file
-
   if not has_lora(model):
     raise ValueError("model has no LoRA adapters to save")
   lcfg, cfg = model.lora_config, model.cfg
@@ -146,14 +147,32 @@ def load_peft(model: Transformer, path: str | os.PathLike, *, param_dtype: str =
     ``model``. Raises ValueError naming the key and both shapes when a tensor does not fit the base,
     and for options jaxrl cannot run (DoRA, biases, per-module ranks, ...).
   """
-  from safetensors import safe_open
-
   path = Path(path)
   config = read_peft_config(path)
   file = path / SAFETENSORS_NAME
   if not file.is_file():
     raise FileNotFoundError(f"{path}: no {SAFETENSORS_NAME} (only safetensors adapters are supported)")
   cfg, r = model.cfg, config["r"]
+  found = _read_peft_tensors(file, cfg, r)
+  names = _targeted_modules(file, found, cfg.num_layers)
+  lcfg = LoraConfig(rank=r, alpha=config.get("lora_alpha", 8), targets=names,
+                    rslora=bool(config.get("use_rslora", False)), param_dtype=param_dtype)
+  if has_lora(model):
+    have = model.lora_config
+    if (have.rank, have.modules, have.scale) != (lcfg.rank, lcfg.modules, lcfg.scale):
+      raise ValueError(f"{path}: adapter (rank {lcfg.rank}, targets {list(lcfg.modules)}, scale {lcfg.scale}) does not "
+                       f"match the model's (rank {have.rank}, targets {list(have.modules)}, scale {have.scale})")
+    if has_merged_lora(model):
+      raise ValueError("LoRA adapters are merged; unmerge_lora before loading new ones")
+  else:
+    apply_lora(model, lcfg, rules=rules)
+  _set_adapters(model, lcfg, found)
+  return model
+
+
+def _read_peft_tensors(file: Path, cfg: ModelConfig, r: int) -> dict[tuple[int, str, str], np.ndarray]:
+  """Every ``lora_A`` / ``lora_B`` tensor of ``file`` by ``(layer, module, "A"|"B")``, in PEFT's layout,
+  after checking its key and its shape against the base model ``cfg`` at rank ``r``."""
   found: dict[tuple[int, str, str], np.ndarray] = {}
   with safe_open(str(file), framework="np") as f:
     keys = sorted(f.keys())
@@ -173,25 +192,27 @@ def load_peft(model: Transformer, path: str | os.PathLike, *, param_dtype: str =
         raise ValueError(f"{file}: tensor {key!r} has shape {list(got)}, but the base model expects {list(want)} "
                          f"(r={r}, {name}: d_in={math.prod(in_dims)}, d_out={math.prod(out_dims)})")
       found[(layer, name, factor)] = f.get_tensor(key)
+  return found
+
+
+def _targeted_modules(file: Path, found: dict[tuple[int, str, str], np.ndarray], num_layers: int) -> tuple[str, ...]:
+  """The modules ``found`` adapts (in :data:`LORA_MODULES` order); each must have both factors in every layer."""
   names = tuple(m for m in LORA_MODULES if any(k[1] == m for k in found))
   if not names:
     raise ValueError(f"{file}: no LoRA tensors")
-  missing = [_peft_key(i, m, x) for m in names for i in range(cfg.num_layers) for x in "AB"
+  missing = [_peft_key(i, m, x) for m in names for i in range(num_layers) for x in "AB"
              if (i, m, x) not in found]
   if missing:
     raise ValueError(f"{file}: adapters must cover every layer of each targeted module; missing {missing[:4]}"
                      + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""))
-  lcfg = LoraConfig(rank=r, alpha=config.get("lora_alpha", 8), targets=names,
-                    rslora=bool(config.get("use_rslora", False)), param_dtype=param_dtype)
-  if has_lora(model):
-    have = model.lora_config
-    if (have.rank, have.modules, have.scale) != (lcfg.rank, lcfg.modules, lcfg.scale):
-      raise ValueError(f"{path}: adapter (rank {lcfg.rank}, targets {list(lcfg.modules)}, scale {lcfg.scale}) does not "
-                       f"match the model's (rank {have.rank}, targets {list(have.modules)}, scale {have.scale})")
-    if has_merged_lora(model):
-      raise ValueError("LoRA adapters are merged; unmerge_lora before loading new ones")
-  else:
-    apply_lora(model, lcfg, rules=rules)
+  return names
+
+
+def _set_adapters(model: Transformer, lcfg: LoraConfig, found: dict[tuple[int, str, str], np.ndarray]) -> None:
+  """Writes the PEFT factors ``found`` into ``model``'s adapters: ``A = lora_A.T`` reshaped to ``[*in, r]``,
+  ``B = lora_B.T`` reshaped to ``[r, *out]``, stacked over layers under ``scan_layers``, each in its
+  adapter's dtype and sharding."""
+  cfg, r = model.cfg, lcfg.rank
   for layer, _, module in _sites(model):
     for name in lcfg.modules:
       a_attr, b_attr = _factor_names(name)
@@ -207,4 +228,3 @@ def load_peft(model: Transformer, path: str | os.PathLike, *, param_dtype: str =
         value = value if layer is None else value[0]
         value = jnp.asarray(value.astype(np.float32)).astype(old.dtype)
         var.set_value(jax.device_put(value, old.sharding) if _is_concrete(old) else value)
-  return model

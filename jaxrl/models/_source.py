@@ -9,8 +9,11 @@ from typing import Any
 from jax.sharding import Mesh
 
 from jaxrl.models._config import PRESETS, ModelConfig
-from jaxrl.models._hf import abstract_model, config_from_dir, init_model, load_pretrained
+from jaxrl.models._hf import config_from_dir, load_pretrained
+from jaxrl.models._placement import abstract_model, init_model, state_shardings
 from jaxrl.sharding import LogicalRules
+from jaxrl import config as config_lib
+from jaxrl.models._hf import load_tokenizer, save_pretrained
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,8 +63,6 @@ class ModelSource:
 
 def describe_model_section(section: dict[str, Any], mesh: Mesh, rules: LogicalRules) -> list[str]:
   """Lines for ``jaxrl info``: the model's shapes, size and per-parameter shardings (no weights)."""
-  from jaxrl import config as config_lib
-  from jaxrl.models._hf import state_shardings
   from flax import nnx
   source = config_lib.from_dict(ModelSource, section, prefix="model")
   cfg = source.config()
@@ -87,7 +88,6 @@ def describe_model_section(section: dict[str, Any], mesh: Mesh, rules: LogicalRu
 def convert(src: str | None, dst: str, *, dtype: str | None = None, tokenizer: str | None = None,
             preset: str | None = None) -> str:
   """``jaxrl convert``: re-save an HF dir through jaxrl (e.g. to bf16), or write a random preset."""
-  from jaxrl.models._hf import load_tokenizer, save_pretrained
   if (src is None) == (preset is None):
     raise ValueError("convert: give a source directory or --preset, not both")
   if preset is not None:

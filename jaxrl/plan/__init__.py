@@ -2,12 +2,16 @@
 
 ``jaxrl plan --config RECIPE --target v5p-8`` (docs/scaling.md). TPU targets need ``libtpu`` and
 NVIDIA targets the CUDA plugin (``pip install 'jaxrl[plan]'``); neither needs the hardware.
+
+Layer (docs/design.md): may import ``envs``, ``rl`` and the layers below (``jaxrl.targets`` for the hardware);
+not ``cli``.
 """
 
-from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs
-from jaxrl.plan._plan import Plan, Row, advice, collective_bytes, format_plan, load_recipe, main, plan_recipe
+from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs, recipe_budgets
+from jaxrl.plan._measure import Plan, Row, collective_bytes, measure_programs
+from jaxrl.plan._plan import advice, format_plan, load_recipe, main, plan_recipe
 from jaxrl.plan._programs import PROGRAMS, PlanContext, Program, build_context, device_bytes, register_programs
-from jaxrl.plan._targets import TARGETS, Target, TargetUnavailable, get_target
+from jaxrl.targets import TARGETS, Target, TargetUnavailable, get_target
 
 __all__ = [
     "PROGRAMS",
@@ -31,4 +35,6 @@ __all__ = [
     "main",
     "plan_recipe",
     "register_programs",
+    "measure_programs",
+    "recipe_budgets",
 ]

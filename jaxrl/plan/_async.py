@@ -22,7 +22,13 @@ from __future__ import annotations
 import dataclasses
 import types
 
-from jaxrl.plan._targets import GiB
+from jaxrl.plan._engine import budgets
+from jaxrl.plan._measure import Plan, build_mesh_shape, measure_programs, model_config
+from jaxrl.plan._measure import platform_attention, program_names, stage_programs
+from jaxrl.plan._programs import build_context, device_bytes, reference_params
+from jaxrl.plan._progress import QUIET
+from jaxrl.rl import split_devices
+from jaxrl.targets import GiB, get_target
 
 ROLLOUT_PROGRAMS = ("engine", "sampler")
 TRAINER_PROGRAMS = ("train", "logprobs")
@@ -40,7 +46,6 @@ def sub_configs(cfg):
 def _rollout_context(ctx):
   """The rollout side holds compute-dtype weights (cast on the trainer, ``device_put`` onto the rollout
   shardings) and the engine's pool only: no optimizer state."""
-  from jaxrl.plan._programs import reference_params
   return dataclasses.replace(ctx, params=reference_params(ctx), state=types.SimpleNamespace(opt_state=()))
 
 
@@ -49,14 +54,6 @@ def plan_async(cfg, target_name: str, *, attention: str | None = None, layers: i
                recipe: str = "", progress=None, compile: bool = True):
   """:func:`jaxrl.plan.plan_recipe` for a recipe with ``asynchronous:`` (one :class:`Plan`, rows of both
   sub-meshes)."""
-  from jaxrl.plan._engine import budgets
-  from jaxrl.plan._plan import Plan, build_mesh_shape, measure_programs, model_config
-  from jaxrl.plan._plan import platform_attention, program_names, stage_programs
-  from jaxrl.plan._programs import build_context, device_bytes
-  from jaxrl.plan._progress import QUIET
-  from jaxrl.plan._targets import get_target
-  from jaxrl.rl._async import split_devices
-
   progress = progress or QUIET
   target = get_target(target_name)
   with progress.running(f"{target.name}: creating its compile-only {target.platform} devices"):

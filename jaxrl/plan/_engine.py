@@ -3,21 +3,23 @@
 :func:`engine_budget` is the engine's own arithmetic (``jaxrl.sampling.Engine.__init__``: blocks per
 data shard from the per-device budget) without allocating anything; ``tests/plan`` checks it against a
 real :class:`~jaxrl.sampling.Engine`. The programs registered here are the engine's jitted
-``prefill`` and ``decode`` (``jaxrl.sampling._engine._programs``, the objects the engine itself calls),
+``prefill`` and ``decode`` (``jaxrl.sampling.engine_programs``, the objects the engine itself calls),
 lowered on abstract inputs at the recipe's ``rollout.engine`` settings.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl import models, sharding
-from jaxrl.plan._programs import PlanContext, Program, abstract, reference_params, register_programs, rollout_params
+from jaxrl import models, sampling, sharding
+from jaxrl.plan._programs import (PlanContext, Program, _distinct, abstract, device_bytes, recipe_stages, reference_params,
+                                  register_programs, rollout_params)
+from jaxrl.rl import rollout_max_len
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineBudget:
@@ -58,15 +60,9 @@ class EngineBudget:
     return self.blocks_per_shard // -(-self.max_len // self.block_size) * self.shards
 
   def check(self) -> str | None:
-    """The engine's refusal, or None: a slot count not a multiple of the shards, or a pool shard that
-    cannot hold one row of ``max_len`` plus one block of look-ahead."""
-    if self.num_slots % self.shards:
-      return f"rollout.engine.num_slots: {self.num_slots} is not a multiple of the cache-batch shards ({self.shards})"
-    need = -(-self.max_len // self.block_size) + 1
-    if self.blocks_per_shard < need:
-      return (f"rollout.engine: {self.blocks_per_shard} blocks per shard cannot hold one row of max_len="
-              f"{self.max_len} ({need} blocks of {self.block_size}); raise kv_cache_bytes or lower max_len")
-    return None
+    """The engine's refusal of this pool (:func:`jaxrl.sampling.check_pool`), or None."""
+    bad = sampling.check_pool(self.num_slots, self.shards, self.num_blocks, self.max_len, self.block_size)
+    return None if bad is None else f"rollout.engine: {bad}"
 
   def lines(self, where: str = "") -> list[str]:
     """Human-readable lines (``jaxrl info`` and ``jaxrl plan``); ``where`` qualifies the heading."""
@@ -93,14 +89,17 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
                   *, free_bytes: int | None = None) -> EngineBudget:
   """The pool ``jaxrl.sampling.Engine`` allocates for ``engine_cfg`` (an ``rl.EngineConfig``) on ``mesh``.
 
-  ``kv_cache_bytes`` is per device; ``kv_cache_fraction`` needs ``free_bytes`` (the free memory per
+  ``num_blocks`` is the pool over all devices (rounded down to a multiple of its shards, as the engine
+  does); ``kv_cache_bytes`` is per device; ``kv_cache_fraction`` needs ``free_bytes`` (the free memory per
   device when the engine starts; the plan estimates it as HBM less the trainer's resident state).
   """
-  from jaxrl.sampling._engine import budget_blocks, cache_block_bytes, cache_shards
   dtype = jnp.dtype(model_cfg.dtype)
-  shards, kv_split = cache_shards(model_cfg, mesh, rules)
-  block_bytes = cache_block_bytes(model_cfg, engine_cfg.block_size, dtype)
-  if engine_cfg.kv_cache_bytes is not None:
+  shards, kv_split = sampling.cache_shards(model_cfg, mesh, rules)
+  block_bytes = sampling.cache_block_bytes(model_cfg, engine_cfg.block_size, dtype)
+  num_blocks = getattr(engine_cfg, "num_blocks", None)
+  if num_blocks is not None:  # the engine rounds a block count down to a multiple of the pool's shards
+    num_blocks, source = int(num_blocks) - int(num_blocks) % shards, "rollout.engine.num_blocks"
+  elif engine_cfg.kv_cache_bytes is not None:
     per_device, source = int(engine_cfg.kv_cache_bytes), "rollout.engine.kv_cache_bytes"
   else:
     if free_bytes is None:
@@ -108,7 +107,8 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
                        "kv_cache_bytes to plan it")
     per_device = int(engine_cfg.kv_cache_fraction * free_bytes)
     source = f"estimate: kv_cache_fraction {engine_cfg.kv_cache_fraction} of {free_bytes / 2**30:.2f} GiB free"
-  num_blocks = budget_blocks(per_device, block_bytes, shards, kv_split)
+  if num_blocks is None:
+    num_blocks = sampling.budget_blocks(per_device, block_bytes, shards, kv_split)
   return EngineBudget(num_slots=engine_cfg.num_slots, block_size=engine_cfg.block_size, max_len=max_len,
                       num_blocks=num_blocks, shards=shards, kv_split=kv_split, block_bytes=block_bytes,
                       bytes_per_device=num_blocks // shards * (block_bytes // kv_split), cache_dtype=dtype.name,
@@ -116,17 +116,14 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
 
 
 def stage_max_len(cfg, step: int) -> int:
-  """The engine's ``max_len`` at RL step ``step`` of recipe ``cfg`` (``RLTrainer._sampler_for``: prompt +
-  the larger of the stage's and the evaluation's response budget)."""
-  from jaxrl.rl._trainer import RLTrainer
-  evaluation = RLTrainer._eval_max_new(types.SimpleNamespace(cfg=cfg), step)
-  return cfg.data.max_prompt_tokens + max(cfg.rollout.stage(step)[1], evaluation)
+  """The engine's ``max_len`` at RL step ``step`` of recipe ``cfg``: the trainer's own rule,
+  :func:`jaxrl.rl.rollout_max_len`."""
+  return rollout_max_len(cfg, step)
 
 
 def recipe_budgets(cfg, model_cfg: models.ModelConfig, mesh: Mesh, *, free_bytes: int | None = None,
                    ) -> list[tuple[str, EngineBudget]]:
   """``(stage tag, budget)`` per distinct engine ``max_len`` of an RL recipe's context stages."""
-  from jaxrl.plan._programs import _distinct, recipe_stages
   eng = cfg.rollout.engine
   if eng is None:
     return []
@@ -139,7 +136,6 @@ def recipe_budgets(cfg, model_cfg: models.ModelConfig, mesh: Mesh, *, free_bytes
 def _free_bytes(ctx: PlanContext) -> int | None:
   if ctx.hbm_bytes is None:
     return None
-  from jaxrl.plan._programs import device_bytes
   return ctx.hbm_bytes - device_bytes(_resident(ctx))
 
 
@@ -161,8 +157,6 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
   """The rollout engine's prefill (the longest prompt, ``prefill_rows`` prompts), recompute (a prefill of
   the longest sequence, after a preemption or a weight update) and decode (``num_slots`` rows, one call of
   up to ``steps_per_call`` steps) per distinct ``max_len``, when the recipe sets ``rollout.engine``."""
-  from jaxrl.sampling import _engine, _sampler
-  from jaxrl.sampling._paged import blocks_for
   cfg = ctx.cfg
   eng = cfg.rollout.engine
   if eng is None:
@@ -177,10 +171,10 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
     bad = b.check()
     if bad:
       raise ValueError(f"engine[{tag}]: {bad}")
-    max_blocks = blocks_for(b.max_len, b.block_size)
-    impl = _engine._PAGED_IMPL.get(mc.attention_impl, "auto")
-    progs = _engine._programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(b.cache_dtype), impl, b.num_slots,
-                              b.max_len, max_blocks, b.num_blocks, b.block_size, None)
+    max_blocks = sampling.blocks_for(b.max_len, b.block_size)
+    impl = sampling.paged_impl_for(mc.attention_impl)
+    progs = sampling.engine_programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(b.cache_dtype), impl,
+                                     b.num_slots, b.max_len, max_blocks, b.num_blocks, b.block_size, None)
     page_shape = (mc.num_layers, b.num_blocks, b.block_size, mc.num_kv_heads, mc.head_dim)
     page = jax.ShapeDtypeStruct(page_shape, jnp.dtype(b.cache_dtype), sharding=progs.page_sharding)
     pages = (page, page)
@@ -189,12 +183,12 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
                    f"({b.bytes_per_device / 2**30:.2f} GiB per device); "
                    + (f"{mc.dtype} weights read, float32 master weights, " if master else "")
                    + "optimizer state" + (" and KL reference" if cfg.algorithm.kl_coef > 0 else "") + " co-resident")
-    prompt_bucket = _engine.context_bucket(cfg.data.max_prompt_tokens - 1, 8, b.block_size, max_blocks)
-    longest = _engine.context_bucket(b.max_len - 2, 8, b.block_size, max_blocks)
+    prompt_bucket = sampling.context_bucket(cfg.data.max_prompt_tokens - 1, 8, b.block_size, max_blocks)
+    longest = sampling.context_bucket(b.max_len - 2, 8, b.block_size, max_blocks)
     for name, p in (("engine_prefill", prompt_bucket), ("engine_recompute", longest)):
       if name == "engine_recompute" and p == prompt_bucket:
         continue
-      u = _engine.prefill_batch_rows(eng.prefill_rows, b.shards)  # the engine's rows per call (row-local)
+      u = sampling.prefill_batch_rows(eng.prefill_rows, b.shards)  # the engine's rows per call (row-local)
       t = p if eng.prefill_chunk is None else min(eng.prefill_chunk, p)  # one chunk's queries over p slots
       args = (params, pages, jax.ShapeDtypeStruct((u, t), jnp.int32, sharding=repl),
               jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),
@@ -206,10 +200,10 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
           flops=mc.flops_per_token(p, training=False) * u * t,
           note=(f"{u} rows x {p} tokens" if t == p else f"{u} rows x one {t}-token chunk of {p}")
                + " into the paged pool; " + budget_note))
-    slots = jax.eval_shape(progs._empty_slots)
+    slots = jax.eval_shape(progs.empty_slots)
     slots = abstract(slots, progs.slot_sharding) if progs.slot_sharding is not None else slots
-    stops = _sampler._Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
-                            jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
+    stops = sampling.Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
+                           jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)
     early = jax.ShapeDtypeStruct((), jnp.bool_, sharding=repl)
     args = (params, pages, slots, stops, scalar, scalar, early)

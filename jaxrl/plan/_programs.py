@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -20,12 +19,9 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl import models, sharding, train
-from jaxrl.models._hf import state_shardings
-from jaxrl.rl._config import RLConfig
-from jaxrl.rl._loss import make_logprob_fn
-from jaxrl.rl._packing import pack_sequences
-from jaxrl.rl._trainer import RLTrainer
+from jaxrl import models, sampling, sharding, train
+from jaxrl.models import state_shardings
+from jaxrl.rl import RLConfig, make_learner_step, make_logprob_fn, make_logprob_program, pack_sequences, packed_layout
 
 
 @dataclasses.dataclass
@@ -66,8 +62,14 @@ class PlanContext:
   params: Any  # abstract, sharded
   state: train.TrainState  # abstract, sharded
   optimizer: optax.GradientTransformation
-  trainer: Any
-  "A stand-in exposing the attributes ``RLTrainer``'s program builders read."
+  schedule: optax.Schedule
+  "The learning-rate schedule the train step logs."
+  batch_sharding: NamedSharding
+  "The trainer's packed-batch sharding (rows over the data-parallel axes)."
+  data_parallel: int
+  "Data-parallel devices (the packed rows per micro-batch must split evenly over them)."
+  logprob_fn: Any
+  "The policy's log-prob function (``make_logprob_fn``), as the trainer builds it."
   full_model_cfg: models.ModelConfig | None = None
   "The full-depth model when ``model_cfg`` has fewer layers (``--layers``); sizes the engine's pool."
   hbm_bytes: int | None = None
@@ -131,15 +133,13 @@ def build_context(cfg: RLConfig, devices, model_cfg: models.ModelConfig, *,
       opt_state=abstract(shape.opt_state, _state_shardings(params, shape.opt_state, optimizer, mesh)),
       skipped=abstract(shape.skipped, replicated))
   rule_axes = rules.mesh_axes("batch")
-  trainer = types.SimpleNamespace(
-      cfg=cfg, graphdef=graphdef, optimizer=optimizer, schedule=schedule, mesh=mesh, rules=rules, frozen=(),
-      train_dtype=model_cfg.dtype,
-      _steps={}, _logprob_programs={}, batch_sharding=sharding.batch_sharding(mesh, rules), procs=1,
-      data_parallel=math.prod(mesh.shape[a] for a in rule_axes))
-  trainer.logprob_fn = make_logprob_fn(graphdef, temperature=cfg.rollout.temperature,
-                                       chunk_size=algo.logprob_chunk_size, lora=False)
+  logprob_fn = make_logprob_fn(graphdef, temperature=cfg.rollout.temperature,
+                               chunk_size=algo.logprob_chunk_size, lora=False)
   return PlanContext(cfg=cfg, mesh=mesh, rules=rules, model_cfg=model_cfg, graphdef=graphdef, params=params,
-                     state=train_state, optimizer=optimizer, trainer=trainer, full_model_cfg=full_model_cfg,
+                     state=train_state, optimizer=optimizer, schedule=schedule,
+                     batch_sharding=sharding.batch_sharding(mesh, rules),
+                     data_parallel=math.prod(mesh.shape[a] for a in rule_axes), logprob_fn=logprob_fn,
+                     full_model_cfg=full_model_cfg,
                      hbm_bytes=hbm_bytes)
 
 
@@ -147,7 +147,7 @@ def micro_batches(ctx: PlanContext, stage: Stage) -> tuple[int, int, int]:
   """``(row_len, rows, M)``: the stage's packed layout and its worst-case micro-batch count (every
   response at its full budget, so each sequence is ``prompt + max_new - 1`` tokens)."""
   cfg = ctx.cfg
-  row_len, rows = RLTrainer.layout(ctx.trainer, stage.step)
+  row_len, rows = packed_layout(cfg, stage.step, data_parallel=ctx.data_parallel)
   seq = cfg.data.max_prompt_tokens + stage.max_new - 1
   per_row = max(1, row_len // seq)
   samples = cfg.rollout.prompts_per_step // cfg.algorithm.mini_batches * stage.n
@@ -166,7 +166,7 @@ def train_batch(ctx: PlanContext, stage: Stage) -> dict[str, jax.ShapeDtypeStruc
   for k, v in pb.interleaved().items():
     out[k] = jax.ShapeDtypeStruct((rows * m, *v.shape[1:]), v.dtype,
                                   sharding=sharding.batch_sharding(ctx.mesh, ctx.rules, ndim=v.ndim))
-  f32 = jax.ShapeDtypeStruct((rows * m, row_len), jnp.float32, sharding=ctx.trainer.batch_sharding)
+  f32 = jax.ShapeDtypeStruct((rows * m, row_len), jnp.float32, sharding=ctx.batch_sharding)
   out["old_logprobs"] = f32
   if ctx.cfg.algorithm.kl_coef > 0:
     out["ref_logprobs"] = f32
@@ -197,13 +197,14 @@ def _distinct(stages: list[Stage], key) -> list[tuple[Stage, str]]:
 
 @register_programs("train")
 def train_programs(ctx: PlanContext) -> list[Program]:
-  """The update step (``RLTrainer._step_fn``: remat, scanned micro-batches, optimizer) per stage."""
+  """The update step (``rl.make_learner_step``: remat, scanned micro-batches, optimizer) per stage."""
   cfg = ctx.cfg
   out = []
   for st, tag in _distinct(ctx.stages, lambda s: (micro_batches(ctx, s), s.max_new)):
     row_len, rows, m = micro_batches(ctx, st)
     max_len = cfg.algorithm.aggregation_max_len or st.max_new
-    step = RLTrainer._step_fn(ctx.trainer, m, max_len)
+    step = make_learner_step(cfg, ctx.graphdef, ctx.optimizer, num_micro=m, max_len=max_len, mesh=ctx.mesh,
+                             rules=ctx.rules, schedule=ctx.schedule, train_dtype=ctx.model_cfg.dtype)
     batch = train_batch(ctx, st)
     flag = jax.ShapeDtypeStruct((), jnp.bool_, sharding=NamedSharding(ctx.mesh, PartitionSpec()))
     state = ctx.state
@@ -223,7 +224,7 @@ def logprob_programs(ctx: PlanContext) -> list[Program]:
   out = []
   for st, tag in _distinct(ctx.stages, lambda s: micro_batches(ctx, s)):
     row_len, rows, m = micro_batches(ctx, st)
-    fn = RLTrainer._logprob_program(ctx.trainer, ctx.trainer.logprob_fn, m)
+    fn = make_logprob_program(ctx.logprob_fn, m, mesh=ctx.mesh, batch_sharding=ctx.batch_sharding)
     batch = train_batch(ctx, st)
     fwd = ctx.model_cfg.flops_per_token(row_len, training=False) * rows * m * row_len
     note = f"{m} micro-batches x {rows} rows x {row_len} tokens"
@@ -264,20 +265,19 @@ def sampler_programs(ctx: PlanContext) -> list[Program]:
   """``Sampler.generate``'s prefill and decode at the rollout shapes of each stage (one chunk of
   ``prompts_per_step / reward_overlap_chunks`` prompts, ``n`` samples each, the full length budget);
   none when the recipe rolls out on the engine (``rollout.engine``, see :mod:`jaxrl.plan._engine`)."""
-  from jaxrl.sampling import _sampler
   cfg = ctx.cfg
   if cfg.rollout.engine is not None:
     return []
   r = cfg.rollout
   mc = ctx.model_cfg
-  programs = _sampler._programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(mc.dtype), r.decode_impl)
+  programs = sampling.sampler_programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(mc.dtype), r.decode_impl)
   dp = math.prod(ctx.mesh.shape[a] for a in ctx.rules.mesh_axes("cache_batch"))
   params, master = rollout_params(ctx)
   out = []
   for st, tag in _distinct(ctx.stages, lambda s: (s.max_new, s.n)):
     prompts = -(-r.prompts_per_step // r.reward_overlap_chunks)
-    p_bucket = _sampler.length_bucket(cfg.data.max_prompt_tokens)
-    g_bucket = _sampler.length_bucket(st.max_new)
+    p_bucket = sampling.length_bucket(cfg.data.max_prompt_tokens)
+    g_bucket = sampling.length_bucket(st.max_new)
     u, rows = _row_bucket(prompts, dp), _row_bucket(prompts * st.n, dp)
     row = lambda dtype: jax.ShapeDtypeStruct((rows,), dtype, sharding=programs.row_sharding(1))
     repl = NamedSharding(ctx.mesh, PartitionSpec())
@@ -297,8 +297,8 @@ def sampler_programs(ctx: PlanContext) -> list[Program]:
     out.append(Program(name=f"sampler_prefill[{tag}]", fn=programs.prefill, args=(params, seed),
                        kwargs=kwargs, parts={"params": (params, master), "batch": (seed, kwargs)}, outputs=rows_abs.cache,
                        flops=prefill_flops, note=shape))
-    stops = _sampler._Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
-                            jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
+    stops = sampling.Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
+                           jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)
     decode_flops = mc.flops_per_token(p_bucket + g_bucket, training=False) * rows * g_bucket
     out.append(Program(name=f"sampler_decode[{tag}]", fn=programs.decode,

@@ -3,6 +3,9 @@
 A reward function is ``fn(prompt, completion, **sample_fields) -> float | RewardResult``; load one
 by import path with `load_reward` and score batches with `RewardRunner`. Nothing here needs JAX.
 See ``docs/rewards.md``.
+
+Layer (docs/design.md): may import ``sampling`` and the layers below (it needs only ``config``); not ``train``
+or anything above.
 """
 
 from jaxrl.rewards._autorubric import (
@@ -40,18 +43,25 @@ from jaxrl.rewards._math import (
   math_reward,
   normalize_answer,
 )
-from jaxrl.rewards._judge import (
-  PROVIDERS,
-  Judge,
-  JudgeConfig,
+from jaxrl.rewards._metrics import (
+  DEFAULT_METRICS,
+  avg_at_k,
+  maj_at_k,
+  majority_index,
+  parse_metrics,
+  pass_at_k,
+  problem_metrics,
+  summarize,
+)
+from jaxrl.rewards._math_parser import evaluate as evaluate_expression
+from jaxrl.rewards._math_parser import parse as parse_expression
+from jaxrl.rewards._judge import PROVIDERS, Judge, JudgeConfig, ProviderProfile, close_judges, get_judge
+from jaxrl.rewards._judge_launch import JudgeLaunch
+from jaxrl.rewards._judge_parse import (
   JudgeError,
-  JudgeLaunch,
   JudgeResponse,
   JudgeScoreError,
-  ProviderProfile,
-  close_judges,
   expected_score,
-  get_judge,
   parse_choice,
   parse_score,
 )
@@ -72,6 +82,7 @@ from jaxrl.rewards._rubric import (
 from jaxrl.rewards._rubric_arm import (
   RUBRIC_ARM_JUDGE_TEMPLATE,
   judge_format_ok,
+  rubric_arm_judge_prompts,
   rubric_arm_generator_reward,
   rubric_arm_judge_reward,
   rubric_arm_judge_value,
@@ -179,4 +190,15 @@ __all__ = [
   "sandbox_info",
   "select_tests",
   "weighted_sum",
+  "rubric_arm_judge_prompts",
+  "evaluate_expression",
+  "parse_expression",
+  "DEFAULT_METRICS",
+  "avg_at_k",
+  "maj_at_k",
+  "majority_index",
+  "parse_metrics",
+  "pass_at_k",
+  "problem_metrics",
+  "summarize",
 ]

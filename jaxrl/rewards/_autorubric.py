@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl.rewards._judge import get_judge, parse_choice
+from jaxrl import _extras
+from jaxrl.rewards._judge import get_judge
+from jaxrl.rewards._judge_parse import parse_choice
 
 __all__ = [
   "HashingEmbedder",
@@ -135,8 +137,8 @@ class WordLlamaEmbedder:
   def __init__(self, dim: int = 256):
     from pathlib import Path
 
-    import wordllama
-    from wordllama import WordLlama
+    wordllama = _extras.require("wordllama")  # optional (the embed extra)
+    WordLlama = wordllama.WordLlama
 
     self.dim = dim
     # The package's own files (weights/, tokenizers/) act as the cache; nothing is fetched.

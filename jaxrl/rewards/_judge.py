@@ -1,4 +1,4 @@
-"""An OpenAI-compatible judge client: retries, bounded concurrency, a persistent cache, accounting, scores.
+"""An OpenAI-compatible judge client: provider table, HTTP with retries, bounded concurrency, accounting.
 
 A `Judge` sends chat requests through the official ``openai`` package to any OpenAI-compatible server
 (`jaxrl serve`, vLLM, OpenAI, Qwen's DashScope compatible mode, LongCat ...). What happens to a request:
@@ -24,38 +24,39 @@ recorded and counted against ``max_errors``: a sample is never dropped and never
 
 The API key is read from the environment variable named by ``api_key_env`` and is never logged,
 cached or put in an error message.
+
+The judge is split over four modules: this client (providers, config, `Judge`, the per-process judge
+registry), `_judge_cache` (SQLite), `_judge_parse` (the response record, errors, score parsing) and
+`_judge_launch` (the `jaxrl serve` subprocess).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
 import random
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-__all__ = [
-  "PROVIDERS",
-  "Judge",
-  "JudgeLaunch",
-  "JudgeConfig",
-  "JudgeError",
-  "JudgeResponse",
-  "JudgeScoreError",
-  "ProviderProfile",
-  "close_judges",
-  "expected_score",
-  "get_judge",
-  "parse_choice",
-  "parse_score",
-]
+from jaxrl import _extras
+from jaxrl.config import from_dict
+from jaxrl.rewards._judge_cache import ResponseCache, request_key
+from jaxrl.rewards._judge_launch import JudgeLaunch, ServeProcess
+from jaxrl.rewards._judge_parse import (
+  JudgeError,
+  JudgeResponse,
+  JudgeScoreError,
+  expected_score,
+  parse_choice,
+  parse_score,
+)
+
+__all__ = ["PROVIDERS", "Judge", "JudgeConfig", "ProviderProfile", "close_judges", "get_judge"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,44 +80,6 @@ PROVIDERS: dict[str, ProviderProfile] = {
   "jaxrl": ProviderProfile(None, max_top_logprobs=None),  # `jaxrl serve --max-top-logprobs`
   "vllm": ProviderProfile(None, max_top_logprobs=None),
 }
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class JudgeLaunch:
-  """`jaxrl serve` of a local model directory, started by the run itself in a subprocess.
-
-  The server listens on a free loopback port (``--port 0``; the port is read from its start-up line),
-  the judge waits for it up to ``startup_timeout_s``, and it is terminated by `close_judges` (which
-  ``RLTrainer.close`` calls) or at interpreter exit.
-  """
-
-  model: str
-  "Local HF model directory to serve (config.json + safetensors)."
-  tokenizer: str | None = None
-  "Tokenizer directory; default ``model``."
-  max_len: int = 2048
-  "Most tokens per row (prompt + completion)."
-  max_batch_rows: int = 64
-  batch_wait_ms: float = 10.0
-  max_top_logprobs: int = 20
-  "``--max-top-logprobs``: the vocabulary size lets a judge read every score token."
-  dtype: str | None = None
-  "Compute dtype of the server (float32 or bfloat16); default the checkpoint's."
-  platform: str | None = None
-  "``JAX_PLATFORMS`` of the server process (e.g. ``cpu`` to keep the accelerator for training); default inherited."
-  startup_timeout_s: float = 300.0
-  "How long to wait for the server to listen before failing."
-
-  def __post_init__(self):
-    if not isinstance(self.model, str) or not os.path.isdir(self.model):
-      raise ValueError(f"judge.launch.model: {self.model!r} is not a directory")
-    if self.dtype not in (None, "float32", "bfloat16"):
-      raise ValueError(f"judge.launch.dtype: {self.dtype!r} is not float32, bfloat16 or null")
-    for key in ("max_len", "max_batch_rows", "max_top_logprobs"):
-      if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-        raise ValueError(f"judge.launch.{key}: must be a positive int, got {getattr(self, key)!r}")
-    if not self.startup_timeout_s > 0 or self.batch_wait_ms < 0:
-      raise ValueError("judge.launch: startup_timeout_s must be > 0 and batch_wait_ms >= 0")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -183,35 +146,6 @@ class JudgeConfig:
     return self.model or os.environ.get("JAXRL_JUDGE_MODEL") or "judge"
 
 
-class JudgeError(RuntimeError):
-  """A judge request failed for good; ``reason`` is ``http_<status>``, ``timeout``, ``connection`` ..."""
-
-  def __init__(self, reason: str, message: str):
-    super().__init__(f"judge {reason}: {message}")
-    self.reason = reason
-
-
-class JudgeScoreError(ValueError):
-  """The judge answered but no score could be read from the answer."""
-
-  def __init__(self, text: str):
-    super().__init__(f"judge: no score in the response {text[:120]!r}")
-    self.reason = "judge_no_score"
-
-
-@dataclasses.dataclass(frozen=True)
-class JudgeResponse:
-  """Text of the first choice, with per-token top log-probs when requested and allowed."""
-
-  text: str
-  top_logprobs: list[dict[str, float]] | None
-  """Per generated token: ``{token_text: logprob}`` of its top alternatives (None: text only)."""
-  tokens: list[str] | None
-  prompt_tokens: int = 0
-  completion_tokens: int = 0
-  cached: bool = False
-
-
 _STATS = ("requests", "http_calls", "retries", "cache_hits", "errors", "degraded", "prompt_tokens",
           "completion_tokens")
 
@@ -220,14 +154,14 @@ class Judge:
   """A thread-safe judge client (see the module docstring). Share one per process with `get_judge`."""
 
   def __init__(self, config: JudgeConfig | None = None, **kwargs):
-    import openai
+    openai = _extras.require("openai")  # optional (the serve extra): imported only when a judge is built
 
     self.config = config = config or JudgeConfig(**kwargs)
     self.profile = PROVIDERS[config.provider]
     self.model = config.resolved_model()
-    self.server: _ServeProcess | None = None
+    self.server: ServeProcess | None = None
     if config.launch is not None:
-      self.server = _ServeProcess(config.launch, served_name=self.model)
+      self.server = ServeProcess(config.launch, served_name=self.model)
       self.base_url = self.server.url
       # Cache keys name the served directory, not the (per-run) port, so a rerun reuses the cache.
       self._cache_url = "launch:" + os.path.abspath(config.launch.model)
@@ -240,12 +174,7 @@ class Judge:
     self._slots = threading.BoundedSemaphore(config.max_concurrency)
     self._lock = threading.Lock()
     self.stats: dict[str, float] = {k: 0 for k in _STATS} | {"cost": 0.0}
-    self._db = None
-    if config.cache_path:
-      os.makedirs(os.path.dirname(os.path.abspath(config.cache_path)), exist_ok=True)
-      self._db = sqlite3.connect(config.cache_path, check_same_thread=False)
-      self._db.execute("CREATE TABLE IF NOT EXISTS judge (key TEXT PRIMARY KEY, value TEXT)")
-      self._db.commit()
+    self._cache = ResponseCache(config.cache_path)
 
   def close(self) -> None:
     """Stops the judge's launched server (if any); the client stays usable against other servers."""
@@ -271,8 +200,8 @@ class Judge:
       cap = self.profile.max_top_logprobs
       body["logprobs"], body["top_logprobs"] = True, k if cap is None else min(k, cap)
     self._count("requests")
-    key = hashlib.sha256(json.dumps([self._cache_url, body], sort_keys=True).encode()).hexdigest()
-    hit = self._cache_get(key)
+    key = request_key(self._cache_url, body)
+    hit = self._cache.get(key)
     if hit is not None:
       self._count("cache_hits")
       return dataclasses.replace(hit, cached=True)
@@ -281,7 +210,7 @@ class Judge:
     except JudgeError:
       self._count("errors")
       raise
-    self._cache_put(key, resp)
+    self._cache.put(key, resp)
     return resp
 
   def sequence_logprob(self, context: str, continuation: str) -> float:
@@ -300,15 +229,15 @@ class Judge:
     body: dict[str, Any] = {"model": self.model, "prompt": text, "echo": True, "logprobs": 0, "max_tokens": 1,
                             "temperature": 0.0}
     self._count("requests")
-    key = hashlib.sha256(json.dumps([self._cache_url, "completions", body], sort_keys=True).encode()).hexdigest()
-    hit = self._cache_get(key)
+    key = request_key(self._cache_url, "completions", body)
+    hit = self._cache.get(key)
     if hit is None:
       try:
         hit = self._call(body, endpoint="completions")
       except JudgeError:
         self._count("errors")
         raise
-      self._cache_put(key, hit)
+      self._cache.put(key, hit)
     else:
       self._count("cache_hits")
     total, counted = 0.0, 0
@@ -362,11 +291,7 @@ class Judge:
     offsets, values = list(lp.text_offset or []), list(lp.token_logprobs or [])
     if len(offsets) != len(values):
       raise JudgeError("malformed", "the echo response's text_offset and token_logprobs differ in length")
-    usage = getattr(raw, "usage", None)
-    pt = int(getattr(usage, "prompt_tokens", 0) or 0)
-    with self._lock:
-      self.stats["prompt_tokens"] += pt
-      self.stats["cost"] += pt / 1000 * self.config.prompt_price_per_1k
+    pt, _ = self._account(raw, completion=False)
     return JudgeResponse(text=raw.choices[0].text or "", tokens=[str(o) for o in offsets],
                          top_logprobs=[{"logprob": v} for v in values], prompt_tokens=pt)
 
@@ -383,32 +308,24 @@ class Judge:
         top = {a.token: float(a.logprob) for a in (t.top_logprobs or [])}
         top.setdefault(t.token, float(t.logprob))  # the chosen token counts even when outside the top k
         tops.append(top)
+    pt, ct = self._account(raw)
+    return JudgeResponse(text=text, top_logprobs=tops, tokens=tokens, prompt_tokens=pt, completion_tokens=ct)
+
+  def _account(self, raw, *, completion: bool = True) -> tuple[int, int]:
+    """Adds a response's token usage and its cost to `stats`; returns (prompt, completion) tokens.
+    ``completion=False`` (echo log-prob requests) counts the prompt tokens only."""
     usage = getattr(raw, "usage", None)
     pt = int(getattr(usage, "prompt_tokens", 0) or 0)
-    ct = int(getattr(usage, "completion_tokens", 0) or 0)
+    ct = int(getattr(usage, "completion_tokens", 0) or 0) if completion else 0
     with self._lock:
       self.stats["prompt_tokens"] += pt
       self.stats["completion_tokens"] += ct
       self.stats["cost"] += pt / 1000 * self.config.prompt_price_per_1k + ct / 1000 * self.config.completion_price_per_1k
-    return JudgeResponse(text=text, top_logprobs=tops, tokens=tokens, prompt_tokens=pt, completion_tokens=ct)
+    return pt, ct
 
   def _count(self, key: str) -> None:
     with self._lock:
       self.stats[key] += 1
-
-  def _cache_get(self, key: str) -> JudgeResponse | None:
-    if self._db is None:
-      return None
-    with self._lock:
-      row = self._db.execute("SELECT value FROM judge WHERE key = ?", (key,)).fetchone()
-    return None if row is None else JudgeResponse(**json.loads(row[0]))
-
-  def _cache_put(self, key: str, resp: JudgeResponse) -> None:
-    if self._db is None:
-      return
-    with self._lock:
-      self._db.execute("INSERT OR REPLACE INTO judge VALUES (?, ?)", (key, json.dumps(dataclasses.asdict(resp))))
-      self._db.commit()
 
   # -- scoring -------------------------------------------------------------------------------------
 
@@ -459,149 +376,10 @@ def _short(e) -> str:
   return re.sub(r"\s+", " ", str(e))[:200]
 
 
-# --------------------------------------------------------------------------------------------------
-# Score extraction
 
-_SCORE = re.compile(r"(?i)\b(?:score|rating|grade)\b\s*(?:is|of)?\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?))?")
-_JSON = re.compile(r"\{[^{}]*\}")
-
-
-def parse_score(text: str, *, hi: float | None = None) -> float | None:
-  """The score in a judge's answer, or None.
-
-  Reads, in order: a JSON object with a ``score`` (or ``rating``) field; the last ``Score: 7``,
-  ``Score: 7/10`` or ``rating = 3.5``; a lone number as the whole answer. ``x/d`` with ``d != hi``
-  is rescaled to ``x / d · hi``.
-
-  Example:
-    >>> parse_score("Reasoning ... Score: 7/10", hi=10)
-    7.0
-    >>> parse_score('{"reason": "ok", "score": 4}')
-    4.0
-  """
-  for m in reversed(_JSON.findall(text)):
-    try:
-      obj = json.loads(m)
-    except ValueError:
-      continue
-    for k in ("score", "rating"):
-      if isinstance(obj.get(k), (int, float)) and not isinstance(obj.get(k), bool):
-        return float(obj[k])
-  hits = _SCORE.findall(text)
-  if hits:
-    value, den = hits[-1]
-    v = float(value)
-    if den and hi is not None and float(den) != float(hi) and float(den) > 0:
-      v = v / float(den) * hi
-    return v
-  stripped = text.strip().rstrip(".")
-  if re.fullmatch(r"-?\d+(?:\.\d+)?", stripped):
-    return float(stripped)
-  return None
-
-
-def parse_choice(text: str, options: str = "AB") -> str | None:
-  """The option letter a judge chose: ``[[A]]``, ``Answer: B``, ``(A)`` or a lone letter; None if unclear.
-
-  Example:
-    >>> parse_choice("Both are fine but [[B]] is better.")
-    'B'
-  """
-  opts = re.escape(options)
-  for pat in (rf"\[\[([{opts}])\]\]", rf"(?i)(?:answer|choice|verdict|winner|better|prefer\w*)\s*(?:is)?\s*[:=]?\s*\(?\**([{opts}])\b",
-              rf"^\s*\(?([{opts}])\)?\s*\.?\s*$"):
-    m = re.findall(pat, text, flags=re.MULTILINE)
-    if m:
-      return m[-1]
-  return None
-
-
-def expected_score(top_logprobs: Sequence[Mapping[str, float]], *, lo: int = 0, hi: int = 9) -> float | None:
-  """``E[s] = Σ_s s·p(s) / Σ_s p(s)`` over the score tokens ``lo..hi`` at the first generated position
-  whose top log-probs contain one; None when no position does.
-
-  Each score must be a single token (digits on every common tokenizer for ``0..9``).
-
-  Example:
-    >>> round(expected_score([{"7": math.log(0.5), "8": math.log(0.25), "x": math.log(0.25)}]), 4)
-    7.3333
-  """
-  for top in top_logprobs:
-    probs = {}
-    for tok, lp in top.items():
-      t = tok.strip()
-      if re.fullmatch(r"-?\d+", t) and lo <= int(t) <= hi:
-        probs[int(t)] = probs.get(int(t), 0.0) + math.exp(lp)
-    total = sum(probs.values())
-    if total > 0:
-      return sum(s * p for s, p in probs.items()) / total
-  return None
-
-
-# --------------------------------------------------------------------------------------------------
-
-class _ServeProcess:
-  """``python -m jaxrl.serve._cli --model DIR --port 0 ...`` in a subprocess, up and listening."""
-
-  def __init__(self, launch: JudgeLaunch, *, served_name: str):
-    import subprocess
-    import sys
-
-    cmd = [sys.executable, "-m", "jaxrl.serve._cli", "--model", launch.model, "--port", "0",
-           "--served-model-name", served_name, "--max-len", str(launch.max_len),
-           "--max-batch-rows", str(launch.max_batch_rows), "--batch-wait-ms", str(launch.batch_wait_ms),
-           "--max-top-logprobs", str(launch.max_top_logprobs)]
-    if launch.tokenizer:
-      cmd += ["--tokenizer", launch.tokenizer]
-    if launch.dtype:
-      cmd += ["--dtype", launch.dtype]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if launch.platform:
-      env["JAX_PLATFORMS"] = launch.platform
-    self.model = launch.model
-    self.lines: list[str] = []  # the server's output (the last 50 lines), for error messages
-    self._ready, self._done = threading.Event(), threading.Event()  # URL seen / output closed
-    self.url: str | None = None
-    self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 text=True, env=env)
-    threading.Thread(target=self._drain, name="jaxrl-judge-serve-log", daemon=True).start()
-    import atexit
-    atexit.register(self.stop)
-    deadline = time.monotonic() + launch.startup_timeout_s
-    while not (self._ready.wait(0.05) and self.url is not None):
-      if self.proc.poll() is not None:
-        self._done.wait(5.0)  # let the reader catch the last lines
-        raise JudgeError("launch", f"judge.launch.model: `jaxrl serve` of {launch.model} exited with status "
-                         f"{self.proc.returncode}: {self._tail()}")
-      if time.monotonic() > deadline:
-        self.stop()
-        raise JudgeError("launch", f"judge.launch.startup_timeout_s: `jaxrl serve` of {launch.model} was not "
-                         f"listening after {launch.startup_timeout_s} s: {self._tail()}")
-
-  def _drain(self) -> None:
-    # Reads the server's output for good (a full pipe would block the server) and spots the URL line.
-    for line in self.proc.stdout:
-      self.lines = (self.lines + [line.rstrip()])[-50:]
-      m = re.search(r" at (http://\S+/v1)", line)
-      if m and self.url is None:
-        self.url = m.group(1)
-        self._ready.set()
-    self._done.set()
-
-  def _tail(self) -> str:
-    return " | ".join(self.lines[-5:]) or "(no output)"
-
-  def stop(self) -> None:
-    """Terminates the server (SIGTERM, then SIGKILL after 10 s)."""
-    if self.proc.poll() is None:
-      self.proc.terminate()
-      try:
-        self.proc.wait(timeout=10)
-      except Exception:  # noqa: BLE001 (subprocess.TimeoutExpired)
-        self.proc.kill()
-        self.proc.wait()
-
-
+# The only process-global state of the judge: one `Judge` per config (so every reward call of a run shares
+# one concurrency limit, cache and set of counters), the configs whose server failed to launch (not
+# retried per sample), and the lock guarding both. `close_judges` empties them for launched judges.
 _JUDGES: dict[str, Judge] = {}
 _LAUNCH_FAILED: dict[str, JudgeError] = {}
 _JUDGES_LOCK = threading.Lock()
@@ -629,7 +407,6 @@ def get_judge(spec: Judge | JudgeConfig | Mapping[str, Any] | None) -> Judge:
   elif isinstance(spec, JudgeConfig):
     cfg = spec
   elif isinstance(spec, Mapping):
-    from jaxrl.config import from_dict
     cfg = from_dict(JudgeConfig, dict(spec), prefix="judge")
   else:
     raise TypeError(f"judge: expected a dict, JudgeConfig or Judge, got {type(spec).__name__}")

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from jaxrl.rewards._base import RewardResult, as_config
 from jaxrl.rewards._format import FormatConfig, check_format
-from jaxrl.rewards._math_parser import _ParseError, _evaluate, _parse
+from jaxrl.rewards._math_parser import ParseError, evaluate, parse
 
 __all__ = [
   "MathRewardConfig",
@@ -218,8 +218,8 @@ def normalize_answer(s: str) -> str:
 
 def _numeric(s: str) -> float | None:
   try:
-    value = _evaluate(_parse(s))
-  except (_ParseError, ArithmeticError, ValueError, RecursionError):
+    value = evaluate(parse(s))
+  except (ParseError, ArithmeticError, ValueError, RecursionError):
     return None
   return value if math.isfinite(value) else None
 
@@ -300,41 +300,11 @@ def math_backends() -> dict[str, str | None]:
   return out
 
 
-def _to_sympy(node):
-  import sympy
-
-  kind = node[0]
-  if kind == "num":
-    return sympy.Rational(node[1])
-  if kind == "sym":
-    return sympy.Symbol(node[1])
-  if kind == "const":
-    return sympy.pi if node[1] == "pi" else sympy.oo
-  if kind == "neg":
-    return -_to_sympy(node[1])
-  if kind == "fn":
-    return getattr(sympy, {"ln": "log"}.get(node[1], node[1]))(_to_sympy(node[2]))
-  if kind == "sqrt":
-    return sympy.sqrt(_to_sympy(node[1]))
-  if kind == "root":
-    return _to_sympy(node[2]) ** (1 / _to_sympy(node[1]))
-  a, b = _to_sympy(node[1]), _to_sympy(node[2])
-  if kind == "add":
-    return a + b
-  if kind == "sub":
-    return a - b
-  if kind == "mul":
-    return a * b
-  if kind == "div":
-    return a / b
-  return a ** b
-
-
 def _sympy_equal(a: str, b: str) -> bool:
   import sympy
 
   try:
-    ea, eb = _to_sympy(_parse(a)), _to_sympy(_parse(b))
+    ea, eb = evaluate(parse(a), domain="sympy"), evaluate(parse(b), domain="sympy")
     diff = sympy.expand(ea - eb)
     if diff == 0:
       return True

@@ -1,19 +1,23 @@
 """A small LaTeX expression parser and evaluator (pure Python) for math answer equivalence.
 
-:func:`_parse` turns numeric LaTeX (fractions, ``\\sqrt``, ``\\pi``, powers, implicit products,
-``\\sin``/``\\ln``/...) into a small tree of tuples; :func:`_evaluate` computes its value and
-:mod:`jaxrl.rewards._math` hands the same tree to sympy. Used by the ``python`` and ``sympy``
-backends of :func:`jaxrl.rewards.is_equivalent`.
+:func:`parse` turns numeric LaTeX (fractions, ``\\sqrt``, ``\\pi``, powers, implicit products,
+``\\sin``/``\\ln``/...) into a small tree of tuples; :func:`evaluate` folds the tree into a float
+(the ``python`` backend of :func:`jaxrl.rewards.is_equivalent`), an exact fraction (the calculator
+tool of :mod:`jaxrl.envs`) or a sympy expression (the ``sympy`` backend).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
+from fractions import Fraction
+from typing import Any, Literal
 
-class _ParseError(ValueError):
-  pass
+
+class ParseError(ValueError):
+  """The text is not an expression the grammar reads, or its tree has no value in the asked domain."""
 
 
 _TOKEN = re.compile(
@@ -30,7 +34,7 @@ def _tokenize(s: str) -> list[tuple[str, str]]:
   while i < len(s):
     m = _TOKEN.match(s, i)
     if not m or m.end() == i:
-      raise _ParseError(f"unexpected {s[i:i + 10]!r}")
+      raise ParseError(f"unexpected {s[i:i + 10]!r}")
     kind = m.lastgroup
     value = m.group(kind)
     if kind == "cmd" and value in _MUL_CMDS:
@@ -59,14 +63,14 @@ class _Parser:
   def take(self, value: str | None = None) -> tuple[str, str]:
     tok = self.peek()
     if tok is None or (value is not None and tok[1] != value):
-      raise _ParseError(f"expected {value!r}, got {tok}")
+      raise ParseError(f"expected {value!r}, got {tok}")
     self.i += 1
     return tok
 
   def parse(self):
     node = self.expr()
     if self.peek() is not None:
-      raise _ParseError(f"trailing {self.peek()}")
+      raise ParseError(f"trailing {self.peek()}")
     return node
 
   def expr(self):
@@ -131,7 +135,7 @@ class _Parser:
   def atom(self):
     tok = self.peek()
     if tok is None:
-      raise _ParseError("unexpected end")
+      raise ParseError("unexpected end")
     kind, value = tok
     if kind == "num":
       self.take()
@@ -161,47 +165,124 @@ class _Parser:
     if value in _FUNCS:
       self.take()
       return ("fn", value[1:], self.power())
-    raise _ParseError(f"unsupported token {value!r}")
+    raise ParseError(f"unsupported token {value!r}")
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse(s: str):
+def parse(s: str):
+  """The expression tree of the numeric LaTeX ``s`` (node kinds in :class:`_Parser`).
+
+  Raises :class:`ParseError` when ``s`` is not an expression the grammar reads.
+  """
   return _Parser(_tokenize(s)).parse()
 
 
-def _evaluate(node) -> float:
+Domain = Literal["float", "exact", "sympy"]
+
+_FN_NAMES = {"ln": "log"}  # parser function name -> math / sympy name (log is natural in both)
+
+
+def _divide(a, b):
+  if b == 0:
+    raise ZeroDivisionError("division by zero")
+  return a / b
+
+
+def _float_const(name: str) -> float:
+  if name == "pi":
+    return math.pi
+  raise ParseError("infinity")
+
+
+def _float_symbol(name: str) -> float:
+  raise ParseError("symbolic")
+
+
+def _float_pow(a: float, b: float) -> float:
+  if abs(b) > 1000 or (abs(a) > 1 and abs(b) * math.log10(abs(a)) > 300):
+    raise ParseError("power too large")
+  out = a ** b
+  if isinstance(out, complex):
+    raise ParseError("complex")
+  return out
+
+
+def _exact_pow(a: Fraction, b: Fraction) -> Fraction:
+  if b.denominator != 1 or abs(b) > 4096 or (abs(a) > 1 and abs(b) * math.log10(abs(a)) > 4096):
+    raise ParseError("power must have an integer exponent and a result below 10**4096")
+  if a == 0 and b < 0:
+    raise ZeroDivisionError("division by zero")
+  return a ** int(b)
+
+
+# What each domain does with the node kinds beyond + - * and negation; a kind a domain lacks raises
+# ParseError with the domain's "why".
+_FLOAT = {
+    "num": float, "sym": _float_symbol, "const": _float_const,
+    "fn": lambda name, x: getattr(math, _FN_NAMES.get(name, name))(x),
+    "sqrt": math.sqrt, "root": lambda n, x: x ** (1.0 / n), "div": _divide, "pow": _float_pow,
+    "why": "not a real-number expression",
+}
+_EXACT = {
+    "num": Fraction, "div": _divide, "pow": _exact_pow,
+    "why": "the calculator takes numbers, + - * / ^ and parentheses",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _sympy_domain() -> dict[str, Any]:
+  import sympy  # lazy: sympy is a heavy optional dependency, needed only by the sympy backend
+
+  return {
+      "num": sympy.Rational, "sym": sympy.Symbol,
+      "const": lambda name: sympy.pi if name == "pi" else sympy.oo,
+      "fn": lambda name, x: getattr(sympy, _FN_NAMES.get(name, name))(x),
+      "sqrt": sympy.sqrt, "root": lambda n, x: x ** (1 / n), "div": operator.truediv,
+      "pow": operator.pow, "why": "not an expression node",
+  }
+
+
+_RING = {"add": operator.add, "sub": operator.sub, "mul": operator.mul}
+
+
+def _fold(node, ops: dict[str, Any]):
   kind = node[0]
-  if kind == "num":
-    return float(node[1])
-  if kind == "const":
-    if node[1] == "pi":
-      return math.pi
-    raise _ParseError("infinity")
-  if kind == "sym":
-    raise _ParseError("symbolic")
   if kind == "neg":
-    return -_evaluate(node[1])
+    return -_fold(node[1], ops)
+  if kind in _RING:
+    return _RING[kind](_fold(node[1], ops), _fold(node[2], ops))
+  op = ops.get(kind)
+  if op is None:
+    raise ParseError(f"unsupported {kind!r} ({ops['why']})")
+  if kind in ("num", "sym", "const"):
+    return op(node[1])
   if kind == "fn":
-    return getattr(math, {"ln": "log"}.get(node[1], node[1]))(_evaluate(node[2]))
+    return op(node[1], _fold(node[2], ops))
   if kind == "sqrt":
-    return math.sqrt(_evaluate(node[1]))
-  a = _evaluate(node[1])
-  if kind == "root":
-    return _evaluate(node[2]) ** (1.0 / a)
-  b = _evaluate(node[2])
-  if kind == "add":
-    return a + b
-  if kind == "sub":
-    return a - b
-  if kind == "mul":
-    return a * b
-  if kind == "div":
-    return a / b
-  if kind == "pow":
-    if abs(b) > 1000 or (abs(a) > 1 and abs(b) * math.log10(abs(a)) > 300):
-      raise _ParseError("power too large")
-    out = a ** b
-    if isinstance(out, complex):
-      raise _ParseError("complex")
-    return out
-  raise _ParseError(kind)
+    return op(_fold(node[1], ops))
+  return op(_fold(node[1], ops), _fold(node[2], ops))  # root (n, x), div, pow
+
+
+def evaluate(node, *, domain: Domain = "float") -> Any:
+  """The value of a :func:`parse` tree in one number domain (the only walker over these trees).
+
+  Domains:
+    ``"float"``: a Python float through :mod:`math` (``\\pi``, functions, roots). Symbols and
+      ``\\infty`` raise :class:`ParseError`, and so do complex powers and powers past ~1e300
+      (or with an exponent over 1000); division by zero raises ``ZeroDivisionError``.
+    ``"exact"``: a :class:`fractions.Fraction`, for numbers, ``+ - * /`` and integer powers with a
+      result below ``10**4096``; any other node raises :class:`ParseError`, division by zero
+      ``ZeroDivisionError``.
+    ``"sympy"``: a sympy expression (symbols, ``pi`` and ``oo`` kept symbolic; needs sympy).
+
+  Example:
+    >>> evaluate(parse("1/3 + 2^{-1}"), domain="exact")
+    Fraction(5, 6)
+  """
+  if domain == "float":
+    return _fold(node, _FLOAT)
+  if domain == "exact":
+    return _fold(node, _EXACT)
+  if domain == "sympy":
+    return _fold(node, _sympy_domain())
+  raise ValueError(f"unknown domain {domain!r}; choose one of {Domain.__args__}")

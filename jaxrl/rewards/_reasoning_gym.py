@@ -16,6 +16,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl import _extras
 from jaxrl.rewards._base import RewardResult, as_config
 from jaxrl.rewards._format import FormatConfig, check_format
 from jaxrl.rewards._math import extract_boxed
@@ -27,7 +28,7 @@ _PACKAGE = "reasoning-gym"
 
 def _rg():
   try:
-    import reasoning_gym
+    reasoning_gym = _extras.require("reasoning_gym")
   except ImportError as e:
     raise ImportError(
       f"jaxrl.rewards reasoning-gym tasks need the {_PACKAGE!r} package (pip install {_PACKAGE})"

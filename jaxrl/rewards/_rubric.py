@@ -18,6 +18,7 @@ from typing import Any
 
 from jaxrl.rewards._base import RewardResult
 from jaxrl.rewards._judge import get_judge
+from jaxrl.rewards._base import load_reward
 
 __all__ = [
   "CATEGORY_WEIGHTS",
@@ -258,7 +259,6 @@ def alignxplore_gen_reward(prompt: str, completion: str, *, post: str, chosen: s
   summed log-prob of ``continuation`` after ``context`` under the downstream generator, e.g. a local
   jaxrl model; or a judge config dict: `Judge.sequence_logprob` on a server that returns prompt
   log-probs with ``echo``, such as vLLM) scores y_w and y_l with and without the description (eq. 6)."""
-  from jaxrl.rewards._base import load_reward
 
   d, ok = _description(completion)
   if not ok:

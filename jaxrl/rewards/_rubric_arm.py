@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from jaxrl.rewards._base import RewardResult
-from jaxrl.rewards._judge import parse_choice
+from jaxrl.rewards._judge_parse import parse_choice
 
 __all__ = [
   "RUBRIC_ARM_JUDGE_TEMPLATE",

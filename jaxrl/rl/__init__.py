@@ -1,15 +1,20 @@
 """Reinforcement learning for LLMs: GRPO / DAPO / GRPO+ / decoupled PPO, synchronous, on one mesh.
 
-``RLTrainer(RLConfig).run()`` samples with :class:`jaxrl.sampling.Sampler` on the trainer's parameters,
-scores with a reward function (:mod:`jaxrl.rewards`), computes advantages and updates the policy with
-losses chosen by name from :mod:`jaxrl.losses`. ``jaxrl rl --config FILE`` is :func:`main_rl`.
+``RLTrainer(RLConfig).run()`` takes each step's rollouts from its :class:`RolloutSource` (by default
+:class:`EngineRollout`: :class:`jaxrl.sampling.Sampler`, or the engine built by :func:`build_engine`, on the
+trainer's parameters, scored with a reward function from :mod:`jaxrl.rewards`), computes advantages and
+updates the policy with losses chosen by name from :mod:`jaxrl.losses`. ``jaxrl rl --config FILE`` is
+:mod:`jaxrl.cli.rl`.
+
+Layer (docs/design.md): may import ``sft``, ``latent``, ``train`` and the layers below; not ``envs``,
+``plan``, ``serve``, ``bench`` or ``cli``.
 """
 
-from jaxrl.rl._cli import main_rl
 from jaxrl.rl._config import (
     AlgorithmConfig,
     BuiltinPrompts,
     ContextStage,
+    EngineConfig,
     MicroBatchConfig,
     OverlongPenalty,
     PromptData,
@@ -18,6 +23,7 @@ from jaxrl.rl._config import (
     RLEvalConfig,
     RolloutConfig,
 )
+from jaxrl.rl._engine_build import build_engine, build_sampler, rollout_max_len
 from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
 from jaxrl.rl._packing import PackedBatch, assign_micro_batches, pack_sequences
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, read_records, reward_fields
@@ -30,16 +36,23 @@ from jaxrl.rl._rollout import (
     informative_groups,
     loss_mask,
     sequence_fields,
+    total_rewards,
 )
+from jaxrl.rl._source import EngineRollout, RolloutBatch, RolloutSource, draw_rounds
+from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout
 from jaxrl.rl._trainer import RLTrainer
-from jaxrl.rl._async import AsyncRLTrainer
+from jaxrl.rl._async import AsyncRLTrainer, make_trainer, split_devices
 from jaxrl.rl._async_config import AsyncConfig
 
 __all__ = [
     "AlgorithmConfig",
+    "AsyncConfig",
+    "AsyncRLTrainer",
     "BuiltinPrompts",
     "ContextStage",
     "EncodedPrompts",
+    "EngineConfig",
+    "EngineRollout",
     "MicroBatchConfig",
     "OverlongPenalty",
     "PackedBatch",
@@ -49,29 +62,38 @@ __all__ = [
     "RLConfig",
     "RLEvalConfig",
     "RLTrainer",
-    "AsyncRLTrainer",
-    "AsyncConfig",
     "RewardSection",
     "Rollout",
+    "RolloutBatch",
     "RolloutConfig",
+    "RolloutSource",
     "RubricARM",
     "RubricARMConfig",
     "arithmetic_pairs",
     "arithmetic_reward",
     "assign_micro_batches",
+    "build_engine",
+    "build_sampler",
     "compute_advantages",
     "concat_rollouts",
+    "draw_rounds",
     "informative_groups",
     "load_prompt_sets",
     "loss_mask",
-    "main_rl",
+    "make_learner_step",
     "make_logprob_fn",
+    "make_logprob_program",
     "make_loss_fn",
     "make_prepare",
+    "make_trainer",
     "pack_sequences",
+    "packed_layout",
     "policy_logprobs",
     "read_records",
     "reward_fields",
+    "rollout_max_len",
     "sequence_fields",
+    "split_devices",
+    "total_rewards",
     "weighted_reward",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Literal
+from jaxrl.sharding import MeshConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,7 +55,6 @@ class AsyncConfig:
       raise ValueError(f"asynchronous.rollout_devices must be an int >= 1 or null, got {self.rollout_devices!r}")
     if self.reward_workers is not None and self.reward_workers < 1:
       raise ValueError(f"asynchronous.reward_workers must be >= 1, got {self.reward_workers!r}")
-    from jaxrl.sharding import MeshConfig
     try:
       MeshConfig(shape=dict(self.rollout_mesh))
     except ValueError as e:

@@ -11,11 +11,14 @@ from typing import Any, Literal
 
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
-from jaxrl.models._source import ModelSource
+from jaxrl.models import ModelSource
+from jaxrl.rewards import parse_metrics
 from jaxrl.rewards import RewardRunnerConfig
 from jaxrl.rl import _validate
 from jaxrl.rl._critic import CriticConfig
 from jaxrl.rl._async_config import AsyncConfig
+from jaxrl.targets import TARGETS
+from jaxrl import config as config_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,16 +35,12 @@ class BuiltinPrompts(data_lib.BuiltinTask):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PromptData:
-  """Where prompts come from. A record is ``{"prompt": str | messages}`` or ``{"messages": [...]}``
-  plus the fields the reward function reads (``answer``, ``tests``, ...)."""
+class PromptData(data_lib.TaskData):
+  """Where prompts come from: JSONL ``train`` / ``heldout`` files. A record is ``{"prompt": str | messages}``
+  or ``{"messages": [...]}`` plus the fields the reward function reads (``answer``, ``tests``, ...)."""
 
-  train: tuple[str, ...] = ()
-  "JSONL prompt files. Empty: use `builtin`."
-  heldout: tuple[str, ...] = ()
-  "JSONL held-out prompt files for evaluation. Empty with `builtin`: the built-in held-out split."
   builtin: BuiltinPrompts | None = dataclasses.field(default_factory=BuiltinPrompts)
-  "The built-in task, used when `train` is empty."
+  "The built-in task as single-turn prompts, used when `train` is empty."
   shuffle_seed: int = 0
   "Seed of the per-epoch prompt shuffle."
   max_prompt_tokens: int = 1024
@@ -100,6 +99,9 @@ class EngineConfig:
   "KV-cache budget per device, in bytes; exclusive with `kv_cache_fraction`."
   kv_cache_fraction: float | None = None
   "KV-cache budget as a fraction of each device's free memory at engine start (where reported)."
+  num_blocks: int | None = None
+  ("KV-cache blocks in all (what `jaxrl serve --num-blocks` sets); exclusive with `kv_cache_bytes` and "
+   "`kv_cache_fraction`.")
   block_size: int = 16
   "Cache slots per block."
   steps_per_call: int = 8
@@ -118,8 +120,10 @@ class EngineConfig:
     if self.prefill_chunk is not None and (self.prefill_chunk < 1 or self.prefill_chunk % self.block_size):
       raise ValueError(f"rollout.engine.prefill_chunk must be a positive multiple of block_size={self.block_size}, "
                        f"got {self.prefill_chunk!r}")
-    if (self.kv_cache_bytes is None) == (self.kv_cache_fraction is None):
-      raise ValueError("rollout.engine: set exactly one of kv_cache_bytes and kv_cache_fraction")
+    if sum(x is not None for x in (self.kv_cache_bytes, self.kv_cache_fraction, self.num_blocks)) != 1:
+      raise ValueError("rollout.engine: set exactly one of kv_cache_bytes, kv_cache_fraction and num_blocks")
+    if self.num_blocks is not None and self.num_blocks < 1:
+      raise ValueError(f"rollout.engine.num_blocks must be >= 1, got {self.num_blocks!r}")
     if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
       raise ValueError(f"rollout.engine.kv_cache_bytes must be >= 1, got {self.kv_cache_bytes!r}")
     if self.kv_cache_fraction is not None and not 0 < self.kv_cache_fraction <= 1:
@@ -301,8 +305,16 @@ class RLEvalConfig:
   "0 = greedy."
   samples: int = 1
   "Completions per prompt (use > 1 only with temperature > 0)."
+  metrics: str = ""
+  """More metrics, as ``jaxrl eval`` reports them (e.g. ``"pass@1,maj@n"``; ``n`` = ``samples``; maj@k votes
+  over the reward's ``extracted`` answers), each logged as ``eval/<name>``."""
 
   def __post_init__(self):
+    if self.metrics:
+      try:
+        parse_metrics(self.metrics, self.samples)
+      except ValueError as e:
+        raise ValueError(f"eval.metrics: {e}") from None
     if self.every < 0 or self.prompts < 0:
       raise ValueError(f"eval.every / eval.prompts must be >= 0, got {self.every!r} / {self.prompts!r}")
     if self.temperature < 0:
@@ -328,7 +340,6 @@ class PlanSection:
     if self.preset is not None and self.preset not in models.PRESETS:
       raise ValueError(f"plan.preset: unknown {self.preset!r}; known: {sorted(models.PRESETS)}")
     for target, changes in self.overrides.items():
-      from jaxrl.plan._targets import TARGETS
       if target not in TARGETS:
         raise ValueError(f"plan.overrides: unknown target {target!r}; known: {sorted(TARGETS)}")
       for key in changes:
@@ -338,7 +349,6 @@ class PlanSection:
   def for_target(self, target: str) -> list[str]:
     """``key=value`` overrides of ``target`` (none when the recipe has none for it)."""
     import yaml
-    from jaxrl.plan._targets import TARGETS
     if target not in TARGETS:
       raise ValueError(f"--target: unknown {target!r}; known: {sorted(TARGETS)}")
     dump = lambda v: yaml.safe_dump(v, default_flow_style=True).removesuffix("\n...\n").strip()
@@ -386,7 +396,6 @@ class RLConfig:
     if self.steps < 1:
       raise ValueError(f"steps must be >= 1, got {self.steps!r}")
     for target in self.plan.overrides:  # each target's variant must itself be a valid recipe
-      from jaxrl import config as config_lib
       data = config_lib.to_dict(dataclasses.replace(self, plan=PlanSection(targets=self.plan.targets,
                                                                            preset=self.plan.preset)))
       try:

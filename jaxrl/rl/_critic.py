@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl import losses, models, sharding, train
-from jaxrl.models._source import ModelSource
+from jaxrl.models import ModelSource
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CriticConfig:

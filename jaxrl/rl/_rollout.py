@@ -31,6 +31,7 @@ class Rollout:
   texts: tuple[str, ...]
   policy_mask: np.ndarray | None = None  # [N, L] float32: 1 on policy tokens, 0 on environment/tool tokens
   prefix_ids: np.ndarray | None = None  # [N, L] int32 shared-prefix tree nodes (ARPO), -1 = not shared
+  versions: np.ndarray | None = None  # [N, L] int32 policy version of each token (-1 past the length); None: current
 
   @property
   def num_samples(self) -> int:
@@ -55,7 +56,8 @@ class Rollout:
         lengths=self.lengths[rows], truncated=self.truncated[rows], group_ids=new_id[self.group_ids[rows]],
         rewards=self.rewards[rows], task_rewards=self.task_rewards[rows], texts=tuple(self.texts[r] for r in rows),
         policy_mask=None if self.policy_mask is None else self.policy_mask[rows],
-        prefix_ids=None if self.prefix_ids is None else self.prefix_ids[rows])
+        prefix_ids=None if self.prefix_ids is None else self.prefix_ids[rows],
+        versions=None if self.versions is None else self.versions[rows])
 
 
 def concat_rollouts(parts: list[Rollout]) -> Rollout:
@@ -76,6 +78,10 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
       ids.append(pad(np.where(x >= 0, x + base, -1).astype(np.int32), -1))
       base += int(x.max()) + 1 if x.size and x.max() >= 0 else 0
     extra["prefix_ids"] = np.concatenate(ids)
+  if any(p.versions is not None for p in parts):
+    if any(p.versions is None for p in parts):
+      raise ValueError("concat_rollouts: every part or none carries per-token versions")
+    extra["versions"] = np.concatenate([pad(p.versions, -1) for p in parts])
   return Rollout(
       prompt_ids=tuple(x for p in parts for x in p.prompt_ids),
       tokens=np.concatenate([pad(p.tokens, 0) for p in parts]),
@@ -86,6 +92,15 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
       rewards=np.concatenate([p.rewards for p in parts]),
       task_rewards=np.concatenate([p.task_rewards for p in parts]),
       texts=tuple(t for p in parts for t in p.texts), **extra)
+
+
+def total_rewards(task: np.ndarray, lengths: np.ndarray, *, max_new: int, overlong_penalty=None) -> np.ndarray:
+  """Task rewards ``[N]`` plus the DAPO overlong penalty of responses ``lengths`` ``[N]`` (``rollout.overlong_penalty``;
+  its ``max_len`` defaults to ``max_new``), float32: the rewards advantages are computed from."""
+  if overlong_penalty is None:
+    return np.asarray(task, np.float32)
+  return task + np.asarray(losses.dapo_overlong_penalty(
+      lengths, max_len=overlong_penalty.max_len or max_new, cache_len=overlong_penalty.cache_len), np.float32)
 
 
 def informative_groups(rewards: np.ndarray, group_ids: np.ndarray, num_groups: int) -> np.ndarray:

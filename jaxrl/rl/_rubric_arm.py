@@ -43,14 +43,13 @@ import numpy as np
 from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import train
-from jaxrl.rewards import RUBRIC_ARM_JUDGE_TEMPLATE, rubric_arm_generator_reward
-from jaxrl.rewards._rubric_arm import rubric_arm_judge_prompts
+from jaxrl.rewards import RUBRIC_ARM_JUDGE_TEMPLATE, rubric_arm_generator_reward, rubric_arm_judge_prompts
 from jaxrl.rl._config import BuiltinPrompts, PromptData, RewardSection, RLConfig, RLEvalConfig
 from jaxrl.rl._prompts import PromptStream, read_records
 from jaxrl.rl._trainer import RLTrainer
-from jaxrl.sft._trainer import SFTConfig, SFTTrainer
+from jaxrl.sft import SFTConfig, SFTTrainer
 
-__all__ = ["PairData", "RubricARM", "RubricARMConfig", "arithmetic_pairs", "main"]
+__all__ = ["PairData", "RubricARM", "RubricARMConfig", "arithmetic_pairs"]
 
 JUDGE_REWARD = "jaxrl.rewards._rubric_arm:rubric_arm_judge_reward"
 GENERATOR_REWARD = "jaxrl.rewards._rubric_arm:rubric_arm_generator_reward"
@@ -382,25 +381,3 @@ class RubricARM:
   def close(self) -> None:
     self.generator.close()
     self.judge.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-  """``jaxrl rubric-arm --config FILE [key=value ...]``; returns the exit status (2 on a config error)."""
-  import argparse
-  parser = argparse.ArgumentParser(prog="jaxrl rubric-arm",
-                                   description="Rubric-ARM: alternating GRPO of a rubric generator and a judge")
-  parser.add_argument("--config", help="YAML config file")
-  parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
-  ns = parser.parse_args(argv)
-  try:
-    cfg = config_lib.load(RubricARMConfig, ns.config, ns.overrides)
-  except config_lib.ConfigError as e:
-    print(f"jaxrl rubric-arm: config error: {e}", file=sys.stderr)
-    return 2
-  arm = RubricARM(cfg)
-  try:
-    arm.run()
-  finally:
-    arm.close()
-  print(f"wrote {cfg.out_dir} (phases: {Path(cfg.out_dir) / 'phases.jsonl'})")
-  return 0

@@ -33,31 +33,23 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxrl import config as config_lib
 from jaxrl import data as data_lib
-from jaxrl import losses, models, sampling, sharding, train
+from jaxrl import models, sampling, sharding, train
+from jaxrl import rewards as rewards_lib
 from jaxrl.rewards import RewardRunner
 from jaxrl.rl import _critic
 from jaxrl.rl._config import RLConfig
-from jaxrl.rl._loss import MICRO_VECTOR_PREFIX, make_logprob_fn, make_loss_fn, make_prepare
+from jaxrl.rl._engine_build import build_sampler, rollout_max_len
+from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout, step_metrics, update_metrics
+from jaxrl.rl._loss import make_logprob_fn
 from jaxrl.rl._packing import PackedBatch, pack_sequences, pad_micro_batches
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields
-from jaxrl.rl._rollout import (
-    Rollout,
-    compute_advantages,
-    concat_rollouts,
-    informative_groups,
-    loss_mask,
-    sequence_fields,
-)
-
-_NOT_WEIGHTED = frozenset({"loss", "grad_norm", "lr", "skipped", "weight_sum", "loss_tokens", "logprob_diff_sum"})
-"""Update metrics that are not Σ w·m weighted sums (the rest are divided by ``weight_sum``)."""
-
+from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
+from jaxrl.rl._source import EngineRollout, RolloutSource
 
 def _tokenizer_dir(cfg: RLConfig) -> str:
   if cfg.tokenizer:
@@ -131,7 +123,12 @@ class RLTrainer:
                                       chunk_size=algo.logprob_chunk_size, lora=cfg.lora is not None)
     self._steps: dict[tuple[int, int], Any] = {}
     self._logprob_programs: dict[tuple[int, int], Any] = {}
-    self.sampler: sampling.Sampler | None = None
+    self.sampler: sampling.Sampler | sampling.Engine | None = None
+    # Training rollouts come from the source; evaluation samples on the same backend (:meth:`_sampler_for`). A
+    # subclass that sets a source of its own closes it in its close().
+    self.source: RolloutSource = EngineRollout(cfg.rollout, seed=cfg.seed, backend=self._sampler_for,
+                                               submit=self._submit, rewards=lambda: self.rewards,
+                                               procs=self.procs, pid=self.pid)
     self._stage = 0
     self.history: list[dict[str, float]] = []
     self.update_history: list[dict[str, float]] = []
@@ -142,21 +139,11 @@ class RLTrainer:
                                              keep=cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every,
                                              async_save=cfg.checkpoint.async_save)
     self.guard = train.SkipGuard(cfg.guards, log=print)  # non-finite updates (docs/reliability.md)
-    self._preempt = train.PreemptionGuard()
+    self.preemption = train.PreemptionGuard()  # SIGTERM/SIGINT: checkpoint after the step, then Preempted
 
   def layout(self, step: int) -> tuple[int, int]:
-    """``(row_len, rows)`` of the packed micro-batches at ``step``: the stage's row length (not the
-    largest stage's) and ``token_budget // row_len`` global rows."""
-    cfg = self.cfg
-    row_len = cfg.row_len_at(step)
-    rows = cfg.micro_batch.token_budget // row_len
-    unit = math.lcm(self.data_parallel, self.procs)
-    if rows % unit:
-      raise ValueError(
-          f"micro_batch: token_budget={cfg.micro_batch.token_budget} // row_len={row_len} = {rows} rows per "
-          f"micro-batch at step {step}; it must be a multiple of the {self.data_parallel} data-parallel devices "
-          f"and of the {self.procs} processes")
-    return row_len, rows
+    """``(row_len, rows)`` of the packed micro-batches at ``step`` (:func:`packed_layout`)."""
+    return packed_layout(self.cfg, step, data_parallel=self.data_parallel, processes=self.procs)
 
   # ------------------------------------------------------------------------------------------------
   # Sampling
@@ -177,21 +164,13 @@ class RLTrainer:
 
   def _sampler_for(self, step: int) -> sampling.Sampler | sampling.Engine:
     """The sampler (or, with ``rollout.engine``, the engine) for ``step``'s stage, holding the current
-    parameters (rebuilt when max_len grows)."""
-    max_len = self.cfg.data.max_prompt_tokens + max(self.cfg.rollout.stage(step)[1], self._eval_max_new(step))
+    parameters (built by :func:`jaxrl.rl.build_sampler`; rebuilt when :func:`jaxrl.rl.rollout_max_len` grows)."""
+    max_len = rollout_max_len(self.cfg, step)
     model = self.sampling_model()
     version = int(self.state.step)
-    eng = self.cfg.rollout.engine
     if self.sampler is None or self.sampler.max_len != max_len:
-      if eng is not None:  # continuous batching over a paged cache, same generate contract
-        self.sampler = sampling.Engine(
-            model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len, num_slots=eng.num_slots,
-            kv_cache_bytes=eng.kv_cache_bytes, kv_cache_fraction=eng.kv_cache_fraction, block_size=eng.block_size,
-            steps_per_call=eng.steps_per_call, prefill_rows=eng.prefill_rows, prefill_chunk=eng.prefill_chunk,
-            version=version, entropy=self.engine_entropy)
-      else:
-        self.sampler = sampling.Sampler(model, self.tokenizer, mesh=self.mesh, rules=self.rules, max_len=max_len,
-                                        decode_impl=self.cfg.rollout.decode_impl, version=version)
+      self.sampler = build_sampler(self.cfg, model, self.tokenizer, max_len=max_len, mesh=self.mesh, rules=self.rules,
+                                   version=version, entropy=self.engine_entropy)
     else:
       self.sampler.set_weights(model, version=version)
     return self.sampler
@@ -217,91 +196,19 @@ class RLTrainer:
   def _score(self, prompts: EncodedPrompts, idx: list[int], n: int, out: sampling.SampleOutput):
     return self.rewards.collect(self._submit(prompts, idx, n, out.texts, offset=0))
 
-  def _generate(self, sampler, idx: list[int], request_ids: list[int], *, max_new: int, n: int) -> tuple[Rollout, dict]:
-    """Generates and scores one round. With ``rollout.reward_overlap_chunks > 1`` the prompts are
-    generated in chunks and each chunk's rewards run in the pool while the next chunk generates."""
-    r = self.cfg.rollout
-    t0 = time.perf_counter()
-    chunks = np.array_split(np.arange(len(idx)), min(r.reward_overlap_chunks, len(idx)))  # none empty
-    outs, submitted = [], []
-    for c in chunks:
-      part = [idx[k] for k in c]
-      out = sampler.generate([self.train_prompts.ids[i].tolist() for i in part], n=n, max_new_tokens=max_new,
-                             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
-                             request_ids=[request_ids[k] for k in c], stop_strings=r.stop_strings)
-      submitted += self._submit(self.train_prompts, part, n, out.texts, offset=len(submitted))
-      outs.append(out)
-    t1 = time.perf_counter()
-    scored = self.rewards.collect(submitted)  # waits only for what is still running
-    t2 = time.perf_counter()
-    tokens = np.concatenate([o.tokens for o in outs])
-    logprobs = np.concatenate([o.logprobs for o in outs])
-    lengths = np.concatenate([o.lengths for o in outs])
-    finish = [f for o in outs for f in o.finish_reason]
-    texts = [t for o in outs for t in o.texts]
-    task = scored.rewards.astype(np.float32)
-    rewards = task
-    if r.overlong_penalty is not None:
-      pen = r.overlong_penalty
-      rewards = task + np.asarray(losses.dapo_overlong_penalty(
-          lengths, max_len=pen.max_len or max_new, cache_len=pen.cache_len), np.float32)
-    rollout = Rollout(
-        prompt_ids=tuple(self.train_prompts.ids[i] for i in idx for _ in range(n)), tokens=tokens,
-        logprobs=logprobs, lengths=lengths.astype(np.int32),
-        truncated=np.asarray([f == "length" for f in finish]),
-        group_ids=np.repeat(np.arange(len(idx), dtype=np.int32), n), rewards=rewards.astype(np.float32),
-        task_rewards=task, texts=tuple(texts))
-    # time_reward: the wait for rewards after the last chunk generated (all of scoring without overlap).
-    info = {"time_generate": t1 - t0, "time_reward": t2 - t1, "reward_errors": float(len(scored.errors))}
-    return rollout, info
-
   def collect(self, step: int) -> tuple[Rollout | None, dict[str, float]]:
-    """The step's training batch (after dynamic sampling) and rollout metrics over every sample drawn."""
-    r = self.cfg.rollout
-    _, max_new, n = r.stage(step)
-    sampler = self._sampler_for(step)
-    want = r.prompts_per_step
-    kept: list[Rollout] = []
-    drawn: list[Rollout] = []
-    n_kept = 0
-    times = {"time_generate": 0.0, "time_reward": 0.0, "reward_errors": 0.0}
-    per = want // self.procs  # this process's share of each round: prompts [pid·per, (pid+1)·per)
-    mine = slice(self.pid * per, (self.pid + 1) * per)
-    while True:
-      idx, request_ids = self.stream.take(want)  # the global stream: the same on every process
-      part, info = self._generate(sampler, idx[mine], request_ids[mine], max_new=max_new, n=n)
-      for k in times:
-        times[k] += info[k]
-      drawn.append(part)
-      if not r.dynamic_sampling:
-        kept, n_kept = [part], want
-        break
-      flags = informative_groups(part.rewards, part.group_ids, part.num_groups)
-      if self.procs > 1:  # the same decision on every process: over all groups, in process order
-        flags = sharding.allgather_rows({"f": flags})[0]["f"]
-      good = np.flatnonzero(flags)[:want - n_kept]
-      local = good[(good >= mine.start) & (good < mine.stop)] - mine.start
-      if len(local):
-        kept.append(part.select_groups(local))
-      n_kept += len(good)
-      if n_kept >= want or len(drawn) >= r.max_rounds:
-        break
-    everything = self._global_view(concat_rollouts(drawn))
-    metrics = self._rollout_metrics(everything)
-    metrics.update(times)
-    gen_tokens = float(everything.lengths.sum())
-    metrics["tok_s/rollout"] = gen_tokens / max(times["time_generate"], 1e-9)
-    if r.dynamic_sampling:
-      metrics["dynamic/groups_kept"] = float(n_kept)
-      metrics["dynamic/rounds"] = float(len(drawn))
-      metrics["dynamic/groups_generated"] = float(everything.num_groups)
-    if not n_kept:
-      return None, metrics
-    if not kept:  # other processes hold every kept group: an empty share (all processes still update)
-      return drawn[0].select_groups(np.zeros((0,), np.int64)), metrics
-    return concat_rollouts(kept), metrics
+    """The step's training batch from :attr:`source` (``None``: nothing to train on) and its metrics: reward,
+    accuracy and length statistics over every process's drawn samples, then the source's own metrics (and
+    ``tok_s/rollout`` from its ``time_generate``)."""
+    batch = self.source.rollout(step, self.train_prompts, self.stream)
+    everything = self.global_view(batch.drawn)
+    metrics = self.rollout_metrics(everything)
+    metrics.update(batch.metrics)
+    if "time_generate" in batch.metrics:
+      metrics["tok_s/rollout"] = float(everything.lengths.sum()) / max(batch.metrics["time_generate"], 1e-9)
+    return batch.rollout, metrics
 
-  def _global_view(self, ro: Rollout) -> Rollout:
+  def global_view(self, ro: Rollout) -> Rollout:
     """The per-sample scalars of every process's ``ro`` (process order; group ids made global) for
     statistics: advantages, masks, metrics. Prompts, texts and tokens are not gathered (zeros)."""
     if self.procs == 1:
@@ -318,7 +225,8 @@ class RLTrainer:
                    truncated=got["truncated"], group_ids=(got["group_ids"] + offsets).astype(np.int32),
                    rewards=got["rewards"], task_rewards=got["task_rewards"], texts=("",) * total)
 
-  def _rollout_metrics(self, ro: Rollout) -> dict[str, float]:
+  def rollout_metrics(self, ro: Rollout) -> dict[str, float]:
+    """Reward, accuracy and response-length statistics of ``ro`` (a global view: the step's metrics)."""
     thr = self.cfg.reward.correct_threshold
     m = {
         "reward/mean": float(ro.rewards.mean()), "reward/std": float(ro.rewards.std()),
@@ -336,15 +244,9 @@ class RLTrainer:
   def _step_fn(self, num_micro: int, max_len: int):
     key = (num_micro, max_len)
     if key not in self._steps:
-      cfg = self.cfg
-      loss_fn = make_loss_fn(self.graphdef, cfg.algorithm, temperature=cfg.rollout.temperature, num_micro=num_micro)
-      if cfg.lora is not None:
-        loss_fn = models.lora_loss(loss_fn)  # (adapters, mb, base, current_as_old)
-      self._steps[key] = train.make_train_step(
-          loss_fn,
-          self.optimizer, micro_batches=num_micro, mesh=self.mesh, rules=self.rules, schedule=self.schedule,
-          prepare=make_prepare(cfg.algorithm, num_groups=cfg.rollout.prompts_per_step, max_len=max_len),
-          compute_view=lambda p: models.compute_view(p, self.train_dtype))
+      self._steps[key] = make_learner_step(self.cfg, self.graphdef, self.optimizer, num_micro=num_micro,
+                                           max_len=max_len, mesh=self.mesh, rules=self.rules,
+                                           schedule=self.schedule, train_dtype=self.train_dtype)
     return self._steps[key]
 
   def _device(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -352,18 +254,11 @@ class RLTrainer:
     return {k: sharding.global_batch(v, self.batch_sharding) for k, v in arrays.items()}
 
   def _logprob_program(self, fn, num_micro: int):
-    """Jitted ``(params, interleaved batch, *frozen) -> [R·M, T]`` masked log-probs, scanning the
-    micro-batches on device (one micro-batch live at a time); the result stays on device."""
+    """:func:`make_logprob_program` for ``fn``, built once per (``fn``, micro-batches)."""
     key = (id(fn), num_micro)
     if key not in self._logprob_programs:
-      keys = ("tokens", "targets", "positions", "segment_ids")
-
-      def run(params, batch, *frozen):
-        micro = train.split_micro_batches({k: batch[k] for k in keys}, num_micro, mesh=self.mesh)
-        lp = jax.lax.map(lambda mb: fn(params, mb, *frozen), micro)  # [M, R, T]
-        lp = jnp.swapaxes(lp, 0, 1).reshape(batch["tokens"].shape)  # back to the interleaved rows
-        return lp * batch["loss_mask"]
-      self._logprob_programs[key] = jax.jit(run, out_shardings=self.batch_sharding)
+      self._logprob_programs[key] = make_logprob_program(fn, num_micro, mesh=self.mesh,
+                                                         batch_sharding=self.batch_sharding)
     return self._logprob_programs[key]
 
   def _forward(self, params, batch: dict[str, jax.Array], num_micro: int, *, fn=None) -> jax.Array:  # [R·M, T]
@@ -381,7 +276,7 @@ class RLTrainer:
     groups = sharding.allgather_scalar(rollout.num_groups)
     samples = sharding.allgather_scalar(rollout.num_samples)
     g0, r0 = int(groups[:self.pid].sum()), int(samples[:self.pid].sum())
-    everything = self._global_view(rollout)
+    everything = self.global_view(rollout)
     mask_all = loss_mask(everything, overlong_filter=cfg.rollout.overlong_filter)
     if self.critic is None:
       adv_all, metrics = compute_advantages(everything, name=algo.advantage, options=algo.advantage_kwargs)
@@ -443,9 +338,9 @@ class RLTrainer:
     raw = sharding.to_host(raw)
     for out in raw:
       self.guard.observe(step, out["skipped"], out[train.NONFINITE_KEY], out["loss"])
-    updates = [_update_metrics(u) for u in raw]
+    updates = [update_metrics(u) for u in raw]
     self.update_history.extend(dict(u, step=float(step)) for u in updates)
-    metrics.update(_step_metrics(updates))
+    metrics.update(step_metrics(updates))
     if self.critic is not None:
       metrics.update(self.critic.metrics())
     return metrics
@@ -483,18 +378,26 @@ class RLTrainer:
     scored = self._score(self.heldout_prompts, idx, ev.samples, out)
     rewards = scored.rewards.reshape(len(idx), ev.samples)
     lengths = out.lengths.reshape(len(idx), ev.samples)
+    # jaxrl eval's per-problem metrics, computed where the answers are (only numbers cross processes)
+    names = [f"avg@{ev.samples}"] + ([f"pass@{ev.samples}"] if ev.samples > 1 else [])
+    names += [m for m in (rewards_lib.parse_metrics(ev.metrics, ev.samples) if ev.metrics else []) if m not in names]
+    answers = [[info.get("extracted") for info in scored.infos[p * ev.samples:(p + 1) * ev.samples]]
+               for p in range(len(idx))]
+    per = np.asarray([[row[m] for m in names] for row in (
+        rewards_lib.problem_metrics(c, a, names) for c, a in zip(rewards > self.cfg.reward.correct_threshold, answers))],
+        np.float64).reshape(len(idx), len(names))  # [P, M]
     if self.procs > 1:  # every process's share, without the repeated filler prompts
-      got, _ = sharding.allgather_rows({"r": rewards, "l": lengths})
+      got, _ = sharding.allgather_rows({"r": rewards, "l": lengths, "m": per})
       real = min(ev.prompts, len(self.heldout_prompts))
-      rewards, lengths = got["r"][:real], got["l"][:real]
-    correct = rewards > self.cfg.reward.correct_threshold
-    metrics = {f"{prefix}/accuracy": float(correct.mean()), f"{prefix}/reward_mean": float(rewards.mean()),
-               f"{prefix}/length_mean": float(lengths.mean())}
-    if ev.samples > 1:
-      metrics[f"{prefix}/pass@{ev.samples}"] = float(correct.any(axis=1).mean())
+      rewards, lengths, per = got["r"][:real], got["l"][:real], got["m"][:real]
+    metrics = {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/length_mean": float(lengths.mean())}
+    metrics.update({f"{prefix}/{m}": float(per[:, j].mean()) for j, m in enumerate(names)})
+    metrics[f"{prefix}/accuracy"] = metrics.pop(f"{prefix}/avg@{ev.samples}")  # avg@n: the share of correct samples
     return metrics
 
-  def _save(self, step: int, *, force: bool = False) -> None:
+  def save(self, step: int, *, force: bool = False) -> None:
+    """Checkpoints ``step`` (parameters, optimizer, critic, prompt stream, guards) when checkpointing is on; the
+    checkpointer's cadence decides unless ``force``."""
     if self.checkpointer is not None:
       self.checkpointer.save(step, _critic.checkpoint_state(self.state, self.critic),
                              {"prompts": self.stream.get_state(), "step": step, "guards": self.guard.state()},
@@ -507,10 +410,14 @@ class RLTrainer:
     self.guard.set_state(host.get("guards"))
     return got
 
+  def resume(self) -> int:
+    """The step to start from: the latest checkpoint's (restored) under ``checkpoint.resume: auto``, else 0."""
+    return self._restore() if train.resumable(self.checkpointer, self.cfg.checkpoint.resume) else 0
+
   def _begin_stage(self, step: int, logger: train.MetricsLogger) -> None:
     """Iterative context lengthening: the new stage restarts from the checkpoint of ``step - 1``."""
     if self.checkpointer.latest_step() != step - 1:
-      self._save(step - 1, force=True)
+      self.save(step - 1, force=True)
     self.checkpointer.wait()
     self._restore(step - 1)
     idx, max_new, n = self.cfg.rollout.stage(step)
@@ -520,16 +427,12 @@ class RLTrainer:
   def run(self, *, until: int | None = None) -> dict[str, Any]:
     """Trains to ``cfg.steps`` (or stops after step ``until``, as a pre-emption would)."""
     cfg = self.cfg
-    start_step = 0
-    if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
-      start_step = self._restore()
+    start_step = self.resume()
     self._stage = cfg.rollout.stage(max(start_step, 1))[0]
-    # Process 0 logs to out_dir; others (same global metrics) to out_dir/processes/K, never the same files.
-    log_dir = self.out_dir if self.pid == 0 else self.out_dir / "processes" / str(self.pid)
-    logger = train.MetricsLogger(log_dir, total_steps=cfg.steps, desc="rl",
-                                 show=("reward/mean", "accuracy", "eval/accuracy", "response/length_mean", "tok_s/rollout",
-                                       "tok_s/train"),
-                                 tensorboard=cfg.tensorboard)
+    logger = train.process_logger(self.out_dir, self.pid, total_steps=cfg.steps, desc="rl",
+                                  show=("reward/mean", "accuracy", "eval/accuracy", "response/length_mean",
+                                        "tok_s/rollout", "tok_s/train"),
+                                  tensorboard=cfg.tensorboard)
     results: dict[str, Any] = {"start_step": start_step}
     eval_every = cfg.eval.every
     if start_step == 0 and eval_every:
@@ -537,7 +440,7 @@ class RLTrainer:
       logger.log(0, results["eval_before"])
     last = cfg.steps if until is None else min(until, cfg.steps)
     self.guard.log = logger.note
-    preempt = self._preempt.install()  # SIGTERM/SIGINT: checkpoint after the current step, then Preempted
+    preempt = self.preemption.install()  # SIGTERM/SIGINT: checkpoint after the current step, then Preempted
     for step in range(start_step + 1, last + 1):
       if cfg.rollout.stage(step)[0] != self._stage:
         self._begin_stage(step, logger)
@@ -555,42 +458,46 @@ class RLTrainer:
         metrics["time_train"] = time.perf_counter() - t1
         metrics["tok_s/train"] = metrics["train/tokens"] / max(metrics["time_train"], 1e-9)
       metrics["time_step"] = time.perf_counter() - t0
-      if eval_every and (step % eval_every == 0 or step == cfg.steps):
-        ev = self.evaluate(step)
-        metrics.update(ev)
-        if ev:
-          results["eval_after"] = ev
-      self.history.append(dict(metrics, step=float(step)))
-      logger.log(step, metrics)
-      signum = preempt.requested()  # once per step: every process gets the same answer
-      self._save(step, force=step == last or signum is not None)
+      signum = self.end_step(step, last, metrics, logger=logger, results=results)
       if signum is not None:
-        self._stop(signum, step, logger)
+        self.stop(signum, step, logger)
     preempt.uninstall()
     if self.checkpointer is not None:
       self.checkpointer.close()
-    if start_step >= last and eval_every and last == cfg.steps:
-      # Resumed at (or past) the end: no step ran here, so the final evaluation is redone for the results.
-      ev = self.evaluate(last)
-      if ev:
-        results["eval_after"] = ev
-    plot = logger.close(title="rl")
-    skips = self.train_prompts.skip_report()  # over-long prompts (docs/reliability.md)
-    skips.print(logger.console)
-    results["skips"] = skips.as_dict()
+    train.eval_if_resumed_at_end(results, start_step=start_step, last=last, total_steps=cfg.steps,
+                                 eval_every=eval_every, evaluate=lambda: self.evaluate(last))
+    return self.finish(results, logger, last, title="rl", skip_report=True)
+
+  def end_step(self, step: int, last: int, metrics: dict[str, float], *, logger: train.MetricsLogger,
+               results: dict[str, Any]) -> int | None:
+    """The step-loop tail: evaluation cadence, history row, progress line, then this step's checkpoint (forced
+    at ``last`` or on a pre-emption signal). Returns the pre-emption signal that asks the run to stop, or None."""
+    train.finish_step(step, metrics, logger=logger, history=self.history, results=results, evaluate=self.evaluate,
+                      eval_every=self.cfg.eval.every, total_steps=self.cfg.steps)
+    signum = self.preemption.requested()  # once per step, collective: every process gets the same answer
+    self.save(step, force=step == last or signum is not None)
+    return signum
+
+  def finish(self, results: dict[str, Any], logger: train.MetricsLogger, last: int, *, title: str,
+             skip_report: bool = False) -> dict[str, Any]:
+    """The end of a run: closes the logger (its plot), records the run's summary in ``results`` (with
+    ``skip_report`` the over-long prompts too), exports to Hugging Face format when the run reached
+    ``cfg.steps`` under ``export_hf``, and writes ``results.json``."""
+    cfg = self.cfg
+    plot = logger.close(title=title)
+    if skip_report:
+      skips = self.train_prompts.skip_report()  # over-long prompts (docs/reliability.md)
+      skips.print(logger.console)
+      results["skips"] = skips.as_dict()
     results.update(steps=last, plot=str(plot) if plot else None, skipped=int(self.state.skipped),
                    rewards=[h["reward/mean"] for h in self.history],
                    accuracy=[h["accuracy"] for h in self.history])
     if last == cfg.steps and cfg.export_hf:
       model = self.current_model()
-      models.save_pretrained(models.merged_base(model) if cfg.lora is not None else model, self.out_dir / "hf",
-                             tokenizer=self.tokenizer)
-      results["hf_dir"] = str(self.out_dir / "hf")
-      if cfg.lora is not None:
-        models.save_peft(model, self.out_dir / "adapter")
-        results["adapter_dir"] = str(self.out_dir / "adapter")
-    if self.pid == 0:
-      (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+      lora = cfg.lora is not None
+      train.export_hf(results, out_dir=self.out_dir, model=models.merged_base(model) if lora else model,
+                      adapter=model if lora else None, tokenizer=self.tokenizer)
+    train.write_results(results, self.out_dir, pid=self.pid)
     return results
 
   def set_train_prompts(self, records: list[dict[str, Any]]) -> None:
@@ -605,19 +512,15 @@ class RLTrainer:
     self.rewards.close()
     self.rewards = RewardRunner(fn, config=self.cfg.reward.runner, reward_kwargs=self.cfg.reward.kwargs)
 
-  def _stop(self, signum: int, step: int, logger: train.MetricsLogger) -> None:
+  def stop(self, signum: int, step: int, logger: train.MetricsLogger) -> None:
     """Pre-emption: the checkpoint of ``step`` commits, then :class:`jaxrl.train.Preempted` is raised."""
-    self._preempt.uninstall()
-    if self.checkpointer is not None:
-      self.checkpointer.close()
-    logger.close(title="rl")
-    raise train.Preempted(signum, step, checkpointed=self.checkpointer is not None)
+    self.preemption.uninstall()
+    train.stop_preempted(signum, step, checkpointer=self.checkpointer, logger=logger, title="rl")
 
   def close(self) -> None:
-    self._preempt.uninstall()  # a run that raised leaves the handlers installed until here
+    self.preemption.uninstall()  # a run that raised leaves the handlers installed until here
     self.rewards.close()
-    from jaxrl.rewards import close_judges
-    close_judges()  # judge servers this process launched (`judge.launch`)
+    rewards_lib.close_judges()  # judge servers this process launched (`judge.launch`)
 
 
 def _on_mesh(tree, mesh):
@@ -626,41 +529,3 @@ def _on_mesh(tree, mesh):
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   place = lambda x: x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else replicated
   return jax.device_put(tree, jax.tree.map(place, tree))
-
-
-def _update_metrics(out: dict[str, Any]) -> dict[str, float]:
-  """One update's host metrics: weighted sums renormalised, per-micro-batch vectors reduced."""
-  tokens = np.asarray(out[MICRO_VECTOR_PREFIX + "tokens"])
-  real = tokens > 0
-  ws = float(out["weight_sum"])
-  m: dict[str, float] = {}
-  for k, v in out.items():
-    if k.startswith(MICRO_VECTOR_PREFIX) or k in ("weight_sum", "loss_tokens", "logprob_diff_sum"):
-      continue
-    v = float(np.asarray(v))
-    m[k] = v if k in _NOT_WEIGHTED else (v / ws if ws > 0 else 0.0)
-  vec = lambda name: np.asarray(out[MICRO_VECTOR_PREFIX + name])[real]
-  has = bool(real.any())
-  m["ratio_min"] = float(vec("ratio_min").min()) if has else 1.0
-  m["ratio_max"] = float(vec("ratio_max").max()) if has else 1.0
-  m["logprob_diff/max_abs"] = float(vec("logprob_diff_max").max()) if has else 0.0
-  m["logprob_diff/mean_abs"] = float(out["logprob_diff_sum"]) / max(float(out["loss_tokens"]), 1.0)
-  return m
-
-
-def _step_metrics(updates: list[dict[str, float]]) -> dict[str, float]:
-  """Means over the step's updates; min/max for ratio bounds; the first update's log-prob gap."""
-  out: dict[str, float] = {}
-  keys = [k for k in updates[0] if k not in ("ratio_min", "ratio_max", "lr", "skipped")
-          and not k.startswith("logprob_diff/")]
-  for k in keys:
-    out[k] = float(np.mean([u[k] for u in updates]))
-  out["ratio_min"] = min(u["ratio_min"] for u in updates)
-  out["ratio_max"] = max(u["ratio_max"] for u in updates)
-  out["ratio_first_min"] = updates[0]["ratio_min"]
-  out["ratio_first_max"] = updates[0]["ratio_max"]
-  out["logprob_diff/max_abs"] = updates[0]["logprob_diff/max_abs"]
-  out["logprob_diff/mean_abs"] = updates[0]["logprob_diff/mean_abs"]
-  out["lr"] = updates[-1]["lr"]
-  out["skipped"] = float(sum(u["skipped"] for u in updates))
-  return out

@@ -19,9 +19,7 @@ from typing import Any, get_args, get_type_hints
 import jax
 
 from jaxrl import config as config_lib
-from jaxrl import losses
-from jaxrl.losses import _policy
-from jaxrl.rewards import _base as rewards_base
+from jaxrl import losses, rewards
 
 ADVANTAGE_INPUTS = frozenset({"rewards", "group_ids", "response_mask"})
 """Per-sample inputs the trainer passes to every advantage estimator (``num_groups`` too, unless set)."""
@@ -103,7 +101,7 @@ def check_objective(name: str, kwargs: dict[str, Any]) -> None:
   """Raises ``ConfigError`` naming the key if ``algorithm.objective``/``objective_kwargs`` cannot run."""
   fn = losses.OBJECTIVES[name]
   config_lib.check_kwargs(fn, kwargs, key="algorithm.objective_kwargs", what=f"objective {name!r}",
-                          reserved=OBJECTIVE_INPUTS | _policy.CONTEXT_KEYS, extra_ok=False)
+                          reserved=OBJECTIVE_INPUTS | losses.CONTEXT_KEYS, extra_ok=False)
   for n in _required(fn):
     if n not in OBJECTIVE_INPUTS and n not in kwargs:
       raise config_lib.ConfigError(f"algorithm.objective_kwargs.{n} is required by objective {name!r}")
@@ -112,7 +110,7 @@ def check_objective(name: str, kwargs: dict[str, Any]) -> None:
 def check_reward(fn_spec: str, kwargs: dict[str, Any]) -> None:
   """Raises ``ConfigError`` if ``reward.fn`` cannot be imported or ``reward.kwargs`` does not fit it."""
   try:
-    fn = rewards_base.load_reward(fn_spec)
+    fn = rewards.load_reward(fn_spec)
   except (ImportError, AttributeError, TypeError, ValueError) as e:
     raise config_lib.ConfigError(f"reward.fn: {e}") from e
   if not (inspect.isfunction(fn) or inspect.ismethod(fn)):

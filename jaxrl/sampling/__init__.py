@@ -14,40 +14,63 @@ Example::
     out = sampling.latent_sample(model, prompts_ending_in_bot, thoughts=2, eot=eot_id, eos=eos_id, pad=0,
                                  max_new_tokens=16, temperature=1.0)      # Coconut: continuous thoughts first
     out = sampler.generate(prompts_ending_in_bot, n=4, thoughts=2, eot=eot_id)  # the same, in the Sampler
+
+Layer (docs/design.md): may import ``losses``, ``data``, ``models``, ``kernels``, ``sharding``, ``config``;
+nothing above.
 """
 
+from jaxrl.models import cache_block_bytes, cache_shards
 from jaxrl.sampling._decode import decode_step
-from jaxrl.sampling._engine import Completion, Engine, EngineMetrics, Request
-from jaxrl.sampling._latent import LatentSample, latent_sample
+from jaxrl.sampling._detok import IncrementalDetokenizer, TokenBytes
+from jaxrl.sampling._engine import Engine
+from jaxrl.sampling._engine_pool import budget_blocks, check_pool
+from jaxrl.sampling._engine_programs import context_bucket, engine_programs, paged_impl_for, prefill_batch_rows
+from jaxrl.sampling._engine_rows import Completion, EngineMetrics
+from jaxrl.sampling._latent import LatentSample, Thought, decode_tokens, eot_logits, latent_sample, left_pad, think
 from jaxrl.sampling._layers import unstack_layers
 from jaxrl.sampling._logits import Sampled, entropy, sample_logits, top_logprobs, truncation_mask
-from jaxrl.sampling._sampler import (
-    FINISH_REASONS,
-    SampleOutput,
-    Sampler,
-    SamplerState,
-    TopLogprobs,
-    length_bucket,
-)
+from jaxrl.sampling._paged import blocks_for
+from jaxrl.sampling._requests import FINISH_REASONS, Request, Stops, length_bucket
+from jaxrl.sampling._rows import SampleOutput, SamplerState, TopLogprobs
+from jaxrl.sampling._sampler import Sampler
+from jaxrl.sampling._sampler_programs import sampler_programs
 
 __all__ = [
     "Completion",
     "Engine",
     "EngineMetrics",
     "FINISH_REASONS",
+    "IncrementalDetokenizer",
     "LatentSample",
-    "SampleOutput",
     "Request",
+    "SampleOutput",
     "Sampled",
     "Sampler",
     "SamplerState",
+    "Stops",
+    "TokenBytes",
     "TopLogprobs",
+    "blocks_for",
+    "budget_blocks",
+    "cache_block_bytes",
+    "cache_shards",
+    "check_pool",
+    "context_bucket",
     "decode_step",
+    "engine_programs",
     "entropy",
     "latent_sample",
     "length_bucket",
+    "paged_impl_for",
+    "prefill_batch_rows",
     "sample_logits",
+    "sampler_programs",
     "top_logprobs",
     "truncation_mask",
     "unstack_layers",
+    "Thought",
+    "decode_tokens",
+    "eot_logits",
+    "left_pad",
+    "think",
 ]

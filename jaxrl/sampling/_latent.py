@@ -31,6 +31,7 @@ from flax import nnx
 
 from jaxrl import models
 from jaxrl.sampling._logits import sample_logits
+from jaxrl.sampling._rows import decode_loop
 
 
 class LatentSample(NamedTuple):
@@ -131,8 +132,7 @@ def think(model, graphdef, state, head, tokens, positions, segment_ids, *, thoug
                                                      thoughts=n)
   slot, pos = p + n, last_pos + 1 + count
   if eot is None:  # no markers: the last prompt (or thought) position predicts the first token
-    unembed = model.unembed_matrix()
-    first = jnp.einsum("bd,dv->bv", prev, unembed.astype(prev.dtype), preferred_element_type=jnp.float32)
+    first = model.unembed(prev[:, None])[:, 0]
   else:
     logits, cache = model(jnp.full((b, 1), eot, jnp.int32), positions=pos[:, None],
                           segment_ids=jnp.ones((b, 1), jnp.int32), cache=cache,
@@ -143,39 +143,69 @@ def think(model, graphdef, state, head, tokens, positions, segment_ids, *, thoug
                  thought_inputs=jnp.swapaxes(thought_inputs, 0, 1).astype(jnp.float32), count=count)
 
 
+class _TokenRows(NamedTuple):
+  """The token phase's row state in :func:`decode_loop`: what it has drawn and the next logits."""
+  out: jax.Array  # [B, G] int32 tokens (pad after eos)
+  values: tuple  # each [B, G] float32 (0 after eos)
+  logits: jax.Array  # [B, V] float32, the next token's
+  done: jax.Array  # [B] bool, eos drawn
+  step: jax.Array  # [] int32, the token index drawn next
+
+
+def decode_tokens(graphdef, state, th: Thought, draw, *, eos: int, pad: int, max_new_tokens: int):
+  """The token phase after :func:`think` (call inside ``jit``): ``G = max_new_tokens`` steps, each drawing
+  a token per row from the logits (``draw(logits [B, V], i) -> (tokens [B], values)``, ``values`` a tuple
+  of ``[B]`` float32 per token) and feeding it through the model's cache; ``pad`` (and 0 values) after a
+  row's ``eos``.
+
+  Shared by :func:`latent_sample` (sampled) and :func:`jaxrl.latent.latent_generate` (greedy).
+
+  Returns:
+    ``(tokens [B, G] int32, values (each [B, G] float32), lengths [B] int32)``: ``lengths`` counts the
+    generated tokens, ``eos`` included.
+  """
+  b, g = th.first_logits.shape[0], max_new_tokens
+  ones = jnp.ones((b, 1), jnp.int32)
+
+  def advance(state, cache, rows: _TokenRows):
+    tok, new = draw(rows.logits, rows.step)
+    out = rows.out.at[:, rows.step].set(jnp.where(rows.done, pad, tok))
+    values = tuple(buf.at[:, rows.step].set(jnp.where(rows.done, 0.0, x)) for buf, x in zip(rows.values, new))
+    logits, cache = nnx.merge(graphdef, state)(
+        tok[:, None], positions=(th.pos + rows.step)[:, None], segment_ids=ones, cache=cache,
+        cache_start=jnp.full((b,), th.slot + rows.step, jnp.int32))
+    return cache, _TokenRows(out=out, values=values, logits=logits[:, 0].astype(jnp.float32),
+                             done=rows.done | (tok == eos), step=rows.step + 1)
+
+  n_values = len(jax.eval_shape(draw, th.first_logits, 0)[1])
+  rows = _TokenRows(out=jnp.full((b, g), pad, jnp.int32),
+                    values=tuple(jnp.zeros((b, g), jnp.float32) for _ in range(n_values)),
+                    logits=th.first_logits, done=jnp.zeros((b,), bool), step=jnp.int32(0))
+  # The sampler's and engine's loop: it stops once every row has drawn eos (later steps would only
+  # write pad and 0, the buffers' initial values).
+  _, rows, _ = decode_loop(advance, state, th.cache, rows, g)
+  out, values = rows.out, rows.values
+  is_eos = out == eos
+  lengths = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, g)
+  return out, values, lengths
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "thoughts", "eot", "eos", "pad", "max_new_tokens"))
 def _sample(graphdef, state, head, tokens, positions, segment_ids, params, seed, *, thoughts: int, eot: int | None,
             eos: int, pad: int, max_new_tokens: int):
   model = nnx.merge(graphdef, state)
   b = tokens.shape[0]
-  g = max_new_tokens
-  th = think(model, graphdef, state, head, tokens, positions, segment_ids, thoughts=thoughts, eot=eot, extra=g)
+  th = think(model, graphdef, state, head, tokens, positions, segment_ids, thoughts=thoughts, eot=eot,
+             extra=max_new_tokens)
   base = jax.random.key(seed)
   row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(b))
 
   def draw(logits, i):
     keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
-    return sample_logits(logits, keys, **params)
+    s = sample_logits(logits, keys, **params)
+    return s.tokens, (s.logprobs, s.sampling_logprobs)
 
-  ones = jnp.ones((b, 1), jnp.int32)
-
-  def body(i, carry):
-    cache, logits, out, lp, slp, done, state = carry
-    s = draw(logits, i)
-    out = out.at[:, i].set(jnp.where(done, pad, s.tokens))
-    lp = lp.at[:, i].set(jnp.where(done, 0.0, s.logprobs))
-    slp = slp.at[:, i].set(jnp.where(done, 0.0, s.sampling_logprobs))
-    done = done | (s.tokens == eos)
-    logits, cache = nnx.merge(graphdef, state)(
-        s.tokens[:, None], positions=(th.pos + i)[:, None], segment_ids=ones, cache=cache,
-        cache_start=jnp.full((b,), th.slot + i, jnp.int32))
-    return cache, logits[:, 0].astype(jnp.float32), out, lp, slp, done, state
-
-  zeros = jnp.zeros((b, g), jnp.float32)
-  init = (th.cache, th.first_logits, jnp.full((b, g), pad, jnp.int32), zeros, zeros, jnp.zeros((b,), bool), state)
-  _, _, out, lp, slp, _, _ = jax.lax.fori_loop(0, g, body, init)
-  is_eos = out == eos
-  lengths = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, g)
+  out, (lp, slp), lengths = decode_tokens(graphdef, state, th, draw, eos=eos, pad=pad, max_new_tokens=max_new_tokens)
   return out, lp, slp, lengths, th.thought_inputs, th.count
 
 

@@ -16,6 +16,8 @@ row state) is donated into the decode program.
 Randomness: row keys are ``fold_in(fold_in(key(seed), request_id), sample)`` and step ``i`` folds in
 ``i``, so draws do not depend on the row slot, the batch, the bucket or how a generation is split
 into interrupted chunks.
+
+The jitted programs (prefill, decode, recompute, fork) live in :mod:`jaxrl.sampling._sampler_programs`.
 """
 
 from __future__ import annotations
@@ -23,156 +25,41 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from jaxrl import models
-from jaxrl.sampling import _decode, _latent, _layers
-from jaxrl.sampling._logits import entropy as _entropy
-from jaxrl.sampling._logits import sample_logits
-from jaxrl.sampling._logits import top_logprobs as _top_logprobs
-from jaxrl.sharding import LogicalRules
-
-FINISH_REASONS = ("interrupted", "eos", "stop", "length")
-"""``reason`` codes 0..3; ``interrupted`` only appears for rows a step budget left unfinished."""
-_NEVER = -3  # a stop-sequence entry that matches no token
-_ANY = -1  # a left-padding entry of a right-aligned stop sequence: matches anything
-_FORK_TAG = 0x5EED
-
-
-def length_bucket(n: int, *, minimum: int = 8, maximum: int | None = None) -> int:
-  """The power of two ``>= max(n, minimum)``, capped at ``maximum``."""
-  b = _next_pow2(max(int(n), int(minimum), 1))
-  return b if maximum is None else min(b, int(maximum))
-
-
-def _next_pow2(n: int) -> int:
-  return 1 << (n - 1).bit_length()
-
-
-# --------------------------------------------------------------------------------------------------
-# Results and resumable state
-
-
-@dataclasses.dataclass(frozen=True)
-class TopLogprobs:
-  """The ``k`` most likely tokens at each generated position (OpenAI's ``top_logprobs``)."""
-
-  ids: np.ndarray  # [N, max_new, k] int32 (pad after the end)
-  logprobs: np.ndarray  # [N, max_new, k] float32: log_softmax(logits / T), untruncated
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleOutput:
-  """Completions of one :meth:`Sampler.generate` / :meth:`Sampler.resume` call, rows ``i·n + j``.
-
-  ``tokens`` hold the pad id after ``lengths``; ``logprobs``, ``sampling_logprobs`` and ``entropy`` are
-  0 there and ``versions`` -1. ``state`` is set when a step budget left rows unfinished (or when asked
-  with ``return_state=True``); pass it to :meth:`Sampler.resume` or :meth:`Sampler.fork`.
-  """
-
-  tokens: np.ndarray  # [N, max_new] int32
-  logprobs: np.ndarray  # [N, max_new] float32, see Sampler.generate
-  sampling_logprobs: np.ndarray  # [N, max_new] float32
-  lengths: np.ndarray  # [N] int32
-  finish_reason: list[str]  # "eos" | "stop" | "length" ("interrupted" for unfinished rows)
-  versions: np.ndarray  # [N, max_new] int32: policy version that produced each token
-  prompt_lengths: np.ndarray  # [N] int32
-  prompt_index: np.ndarray  # [N] int32: which input prompt each row continues
-  texts: list[str] | None = None
-  top_logprobs: TopLogprobs | None = None
-  entropy: np.ndarray | None = None  # [N, max_new] float32
-  state: SamplerState | None = None
-
-
-class _Rows(NamedTuple):
-  """Device state of every sample row (the while-loop carry)."""
-
-  cache: models.KVCache  # k, v [L, R, S, K, H]
-  prompt: jax.Array  # [R, P] int32
-  prompt_len: jax.Array  # [R] int32
-  tokens: jax.Array  # [R, G] int32
-  logprobs: jax.Array  # [R, G] float32
-  sampling_logprobs: jax.Array  # [R, G] float32
-  versions: jax.Array  # [R, G] int32
-  entropy: jax.Array | None  # [R, G] float32
-  top_ids: jax.Array | None  # [R, G, k] int32
-  top_values: jax.Array | None  # [R, G, k] float32
-  n_gen: jax.Array  # [R] int32 generated tokens
-  done: jax.Array  # [R] bool
-  reason: jax.Array  # [R] int32, index into FINISH_REASONS
-  keys: jax.Array  # [R] PRNG keys
-  temperature: jax.Array  # [R] float32
-  top_k: jax.Array  # [R] int32
-  top_p: jax.Array  # [R] float32
-  min_p: jax.Array  # [R] float32
-  max_new: jax.Array  # [R] int32
-
-
-class _Stops(NamedTuple):
-  seqs: jax.Array  # [M, Ls] int32, right-aligned, _ANY-padded on the left
-  kind: jax.Array  # [M] int32: 1 eos, 2 stop, 0 dummy
-
-
-def special_tokens(tokenizer, eos_token_ids, pad_token_id, check) -> tuple[tuple[int, ...], int]:
-  """``(eos ids, pad id)`` from the arguments, defaulting to the tokenizer's (no eos, pad 0 without one);
-  ``check(token, key)`` turns each eos entry (an id or a token string) into a validated id."""
-  if eos_token_ids is None:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    eos_token_ids = [] if eos is None else [eos]
-  if pad_token_id is None:
-    pad_token_id = getattr(tokenizer, "pad_token_id", None)
-  return tuple(check(t, "eos_token_ids") for t in eos_token_ids), int(0 if pad_token_id is None else pad_token_id)
-
-
-@dataclasses.dataclass
-class SamplerState:
-  """A paused generation: every row's tokens, log-probs, versions, finish flags, keys and KV cache.
-
-  Produced by :meth:`Sampler.generate` / :meth:`Sampler.fork`; consumed by :meth:`Sampler.resume`
-  (which donates its cache: a state can be resumed once; fork first to branch).
-  """
-
-  rows: _Rows
-  stops: _Stops
-  num_rows: int
-  max_new_tokens: int
-  prompt_index: np.ndarray  # [N]
-  stop_strings: tuple[str, ...]
-  consumed: bool = False
-  latent: bool = False  # generated in latent mode: the cache holds continuous thoughts
-
-  @property
-  def finished(self) -> np.ndarray:  # [N] bool
-    return np.asarray(jax.device_get(self.rows.done))[:self.num_rows]
-
-  @property
-  def lengths(self) -> np.ndarray:  # [N] int32
-    return np.asarray(jax.device_get(self.rows.n_gen))[:self.num_rows]
+from jaxrl.sampling import _layers
+from jaxrl.sampling._engine import Engine
+from jaxrl.sampling._paged import blocks_for
+from jaxrl.sampling._requests import (
+    FINISH_REASONS,
+    PromptArgs,
+    Stops,
+    build_stops,
+    check_counts,
+    check_token,
+    encode_prompts,
+    gather_prompts,
+    length_bucket,
+    next_pow2,
+    per_prompt,
+    prompt_args,
+    special_tokens,
+    stop_string_end,
+)
+from jaxrl.sampling._rows import SampleOutput, SamplerState, TopLogprobs, process_rows
+from jaxrl.sampling._sampler_programs import sampler_programs
+from jaxrl.sharding import LogicalRules, allgather_scalar, to_host
 
 
 # --------------------------------------------------------------------------------------------------
 # The sampler
-
-
-def _per_prompt(name: str, value, count: int, dtype, check) -> np.ndarray:
-  arr = np.asarray(value, dtype=np.float64)
-  if arr.ndim == 0:
-    arr = np.full((count,), arr)
-  elif arr.shape != (count,):
-    raise ValueError(f"{name}: expected a scalar or one value per prompt ({count}), got shape {arr.shape}")
-  for i, x in enumerate(arr):
-    if not check(x):
-      raise ValueError(f"{name}: invalid value {value if np.ndim(value) == 0 else value[i]!r}"
-                       + ("" if np.ndim(value) == 0 else f" for prompt {i}"))
-  return arr.astype(dtype)
 
 
 class Sampler:
@@ -233,16 +120,16 @@ class Sampler:
     self.decode_impl = decode_impl
     self.add_special_tokens = add_special_tokens
     self.cache_dtype = jnp.dtype(cache_dtype or self.cfg.dtype)
-    self.eos_token_ids, self.pad_token_id = special_tokens(tokenizer, eos_token_ids, pad_token_id,
-                                                           self._check_token)
+    self.eos_token_ids, self.pad_token_id = special_tokens(
+        tokenizer, eos_token_ids, pad_token_id, functools.partial(check_token, tokenizer, self.cfg.vocab_size))
     if unstack_layers is None:
       unstack_layers = jax.default_backend() == "cpu"
     self.unstack_layers = bool(unstack_layers)
     self.source_graphdef = nnx.graphdef(model)
     self.graphdef, self.params = nnx.split(self._placed(model))
     self.version = int(version)
-    self._dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in self.rules.mesh_axes("cache_batch"))
-    self._programs = _programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
+    self._dp = models.cache_axes(self.cfg, mesh, self.rules).shards
+    self._programs = sampler_programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
                                self.cache_dtype, decode_impl)
 
   # ------------------------------------------------------------------------------------------------
@@ -280,27 +167,11 @@ class Sampler:
     self.params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, self.params))
     self.version = self.version + 1 if version is None else int(version)
 
-  def generate(
-      self,
-      prompts,
-      *,
-      n: int = 1,
-      max_new_tokens: int = 64,
-      temperature=1.0,
-      top_p=1.0,
-      top_k=0,
-      min_p=0.0,
-      seed: int = 0,
-      request_ids: Sequence[int] | None = None,
-      stop_token_ids: Sequence[int | str] = (),
-      stop_strings: Sequence[str] = (),
-      return_top_logprobs: int = 0,
-      return_entropy: bool = False,
-      max_steps: int | None = None,
-      return_state: bool = False,
-      thoughts=0,
-      eot: int | str | None = None,
-  ) -> SampleOutput:
+  def generate(self, prompts, *, n: int = 1, max_new_tokens: int = 64, temperature=1.0, top_p=1.0, top_k=0,
+               min_p=0.0, seed: int = 0, request_ids: Sequence[int] | None = None,
+               stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = (),
+               return_top_logprobs: int = 0, return_entropy: bool = False, max_steps: int | None = None,
+               return_state: bool = False, thoughts=0, eot: int | str | None = None) -> SampleOutput:
     """Samples ``n`` completions per prompt: one jitted prefill, then one jitted decode loop.
 
     Log-prob contract (both ``[N, max_new]`` float32, 0 after the end):
@@ -343,115 +214,139 @@ class Sampler:
     Returns:
       A :class:`SampleOutput`.
     """
-    ids = self._encode_prompts(prompts)
-    count = len(ids)
+    ids = encode_prompts(self.tokenizer, prompts, vocab_size=self.cfg.vocab_size, max_len=self.max_len,
+                         add_special_tokens=self.add_special_tokens)
     procs = jax.process_count() if self.mesh is not None else 1
-    if not isinstance(n, int) or n < 1:
-      raise ValueError(f"n: must be a positive int, got {n!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-      raise ValueError(f"max_new_tokens: must be a positive int, got {max_new_tokens!r}")
+    self._check_counts(n=n, max_new_tokens=max_new_tokens, max_steps=max_steps,
+                       return_top_logprobs=return_top_logprobs)
+    args = prompt_args(len(ids), procs, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                       request_ids=request_ids)
+    stops, stop_strings = build_stops(self.tokenizer, self.cfg.vocab_size, self.eos_token_ids, stop_token_ids,
+                                      stop_strings)
+    args = args._replace(thoughts=per_prompt("thoughts", thoughts, len(ids), np.int32,
+                                             lambda x: x >= 0 and x == int(x)))
+    latent = eot is not None
+    ids = self._latent_prompts(ids, args.thoughts, eot)
+    if self.paged and not latent and max_steps is None and not return_state and self.decode_impl == "kernel":
+      return self._generate_paged(ids, procs=procs, n=n, max_new_tokens=max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed,
+                                  request_ids=args.request_ids, stop_token_ids=stop_token_ids,
+                                  stop_strings=stop_strings, return_top_logprobs=return_top_logprobs,
+                                  return_entropy=return_entropy)
+    return self._generate_dense(ids, args, procs=procs, n=n, max_new_tokens=max_new_tokens, seed=seed, stops=stops,
+                                stop_strings=stop_strings, k_top=return_top_logprobs, want_entropy=return_entropy,
+                                max_steps=max_steps, return_state=return_state, latent=latent)
+
+  # ------------------------------------------------------------------------------------------------
+  # generate's steps
+
+  def _check_counts(self, *, n, max_new_tokens, max_steps, return_top_logprobs) -> None:
+    """Refuses a bad ``n``, ``max_new_tokens``, ``max_steps`` or ``return_top_logprobs``."""
+    check_counts(n=n, max_new_tokens=max_new_tokens)
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps <= 0):
       raise ValueError(f"max_steps: must be a positive int or None, got {max_steps!r}")
     if not isinstance(return_top_logprobs, int) or not 0 <= return_top_logprobs <= self.cfg.vocab_size:
       raise ValueError(f"return_top_logprobs: must be an int in [0, {self.cfg.vocab_size}], got "
                        f"{return_top_logprobs!r}")
-    temp = _per_prompt("temperature", temperature, count, np.float32, lambda x: np.isfinite(x) and x >= 0)
-    tp = _per_prompt("top_p", top_p, count, np.float32, lambda x: 0 < x <= 1)
-    tk = _per_prompt("top_k", top_k, count, np.int32, lambda x: x >= 0 and x == int(x))
-    mp = _per_prompt("min_p", min_p, count, np.float32, lambda x: 0 <= x <= 1)
-    if request_ids is None:
-      request_ids = np.arange(count) + (jax.process_index() * count if procs > 1 else 0)
-    request_ids = np.asarray(request_ids)
-    if (request_ids.shape != (count,) or not np.issubdtype(request_ids.dtype, np.integer)
-        or (request_ids < 0).any() or (request_ids >= 2**31).any()):
-      raise ValueError(f"request_ids: expected {count} ints in [0, 2**31), got {request_ids!r}")
-    stops, stop_strings = self._stops(stop_token_ids, stop_strings)
-    n_thoughts = _per_prompt("thoughts", thoughts, count, np.int32, lambda x: x >= 0 and x == int(x))
-    latent = eot is not None
-    if n_thoughts.any() and not latent:
+
+  def _latent_prompts(self, ids: list[list[int]], n_thoughts: np.ndarray, eot) -> list[list[int]]:
+    """``ids`` unchanged without ``eot``; in latent mode each prompt (ending with ``<bot>``) followed by a
+    placeholder slot per thought and ``<eot>`` (left pending), refused when it leaves no room."""
+    if n_thoughts.any() and eot is None:
       raise ValueError("thoughts: latent mode needs the <eot> id (eot=...); for a model trained without "
                        "markers use jaxrl.sampling.latent_sample")
-    if latent:  # prompt tokens (ending with <bot>), a placeholder slot per thought, then <eot> (left pending)
-      eot = self._check_token(eot, "eot")
-      ids = [x + [self.pad_token_id] * int(k) + [eot] for x, k in zip(ids, n_thoughts)]
-      for i, x in enumerate(ids):
-        if len(x) >= self.max_len:
-          raise ValueError(f"prompts[{i}] with {n_thoughts[i]} thoughts and <eot> takes {len(x)} slots, but "
-                           f"max_len={self.max_len} leaves no room for a completion; raise max_len")
-    if self.paged and not latent and max_steps is None and not return_state and self.decode_impl == "kernel":
-      return self._generate_paged(ids, procs=procs, n=n, max_new_tokens=max_new_tokens, temperature=temp, top_p=tp,
-                                  top_k=tk, min_p=mp, seed=seed, request_ids=request_ids,
-                                  stop_token_ids=stop_token_ids, stop_strings=stop_strings,
-                                  return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
-    local_count = count
-    if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
-      ids, (temp, tp, tk, mp, request_ids, n_thoughts) = _gather_prompts(
-          ids, (temp, tp, tk, mp, request_ids, n_thoughts))
-      count = len(ids)
+    if eot is None:
+      return ids
+    eot = check_token(self.tokenizer, self.cfg.vocab_size, eot, "eot")
+    ids = [x + [self.pad_token_id] * int(k) + [eot] for x, k in zip(ids, n_thoughts)]
+    for i, x in enumerate(ids):
+      if len(x) >= self.max_len:
+        raise ValueError(f"prompts[{i}] with {n_thoughts[i]} thoughts and <eot> takes {len(x)} slots, but "
+                         f"max_len={self.max_len} leaves no room for a completion; raise max_len")
+    return ids
 
+  def _generate_dense(self, ids: list[list[int]], args: PromptArgs, *, procs: int, n: int, max_new_tokens: int,
+                      seed: int, stops: Stops, stop_strings, k_top: int, want_entropy: bool, max_steps: int | None,
+                      return_state: bool, latent: bool) -> SampleOutput:
+    """:meth:`generate` on the whole-batch cache: one prefill of every prompt, then one decode loop over
+    all rows (at most ``max_steps`` tokens each)."""
+    local_count = len(ids)
+    if procs > 1:  # each process passed its own prompts: generate all of them together, return this process's rows
+      ids, gathered = gather_prompts(ids, tuple(args))
+      args = PromptArgs(*gathered)
+    count = len(ids)
     lens = np.array([len(x) for x in ids], np.int32)
     row_max_new = np.minimum(max_new_tokens, self.max_len - lens)  # [count] completions cut at max_len
+    g_bucket = length_bucket(int(row_max_new.max()), minimum=self.min_bucket)
+    inputs, latent_kw = self._prefill_inputs(ids, args, n=n, row_max_new=row_max_new, latent=latent)
+    budget = jnp.int32(g_bucket if max_steps is None else max_steps)
+    rows = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **inputs, gen_len=g_bucket, k_top=k_top,
+                                  want_entropy=want_entropy, **latent_kw)
+    rows = self._programs.decode(self.params, rows, stops, budget, jnp.int32(self.version))
+    state = SamplerState(rows=rows, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
+                         prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings,
+                         latent=latent)
+    out = self._finish(state, return_state=return_state)
+    if procs > 1:
+      out = process_rows(out, jax.process_index() * local_count, local_count, n)
+    return out
+
+  def _prefill_inputs(self, ids: list[list[int]], args: PromptArgs, *, n: int, row_max_new: np.ndarray,
+                      latent: bool) -> tuple[dict, dict]:
+    """The prefill program's inputs, placed: prompts right-padded to their length bucket, on ``U`` rows
+    (a row bucket), and per sample row (``R = U·n``, a row bucket) its prompt, key parts and knobs; with
+    the latent-mode keywords (thoughts per prompt, their static most)."""
+    count = len(ids)
+    lens = np.array([len(x) for x in ids], np.int32)
+    n_thoughts = args.thoughts
     # Latent mode: a row with fewer thoughts than the longest still runs the whole thought loop, writing
     # invisible slots up to (its tokens) + max thoughts; without thoughts this is lens.max().
     p_bucket = length_bucket(int((lens - n_thoughts).max() + n_thoughts.max()), minimum=self.min_bucket)
-    g_bucket = length_bucket(int(row_max_new.max()), minimum=self.min_bucket)
     u_rows = self._row_bucket(count)
     r_rows = self._row_bucket(count * n)
-    prompt_arr = np.zeros((u_rows, p_bucket), np.int32)
+    prompt_arr = np.zeros((u_rows, p_bucket), np.int32)  # [U, P]
     for i, x in enumerate(ids):
       prompt_arr[i, :len(x)] = x
     prompt_len = np.ones((u_rows,), np.int32)
     prompt_len[:count] = lens
     rows = np.arange(r_rows)
     real = rows < count * n
-    src = np.where(real, rows // n, 0).astype(np.int32)
+    src = np.where(real, rows // n, 0).astype(np.int32)  # [R] prompt of each sample row
 
     def per_row(a, fill):
       return np.where(real, a[src], fill).astype(a.dtype)
 
     max_new = per_row(row_max_new, 1).astype(np.int32)
-    args = dict(
+    inputs = dict(
         prompt=prompt_arr, prompt_len=prompt_len, src=src, active=real,
-        request=per_row(request_ids.astype(np.int32), 0), sample=np.where(real, rows % n, 0).astype(np.int32),
-        temperature=per_row(temp, 0.0), top_k=per_row(tk, 0), top_p=per_row(tp, 1.0), min_p=per_row(mp, 0.0),
-        max_new=max_new)
-    args = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jax.device_put(v) for k, v in args.items()}
-    budget = jnp.int32(g_bucket if max_steps is None else max_steps)
+        request=per_row(args.request_ids.astype(np.int32), 0), sample=np.where(real, rows % n, 0).astype(np.int32),
+        temperature=per_row(args.temperature, 0.0), top_k=per_row(args.top_k, 0), top_p=per_row(args.top_p, 1.0),
+        min_p=per_row(args.min_p, 0.0), max_new=max_new)
+    inputs = {k: self._put_rows(v) if k not in ("prompt", "prompt_len") else jax.device_put(v)
+              for k, v in inputs.items()}
     latent_kw = {}
     if latent:
       n_arr = np.zeros((u_rows,), np.int32)
       n_arr[:count] = n_thoughts
       latent_kw = dict(n_thoughts=jax.device_put(n_arr), max_thoughts=int(n_thoughts.max()))
-    rows_out = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **args, gen_len=g_bucket,
-                                      k_top=return_top_logprobs, want_entropy=return_entropy, **latent_kw)
-    rows_out = self._programs.decode(self.params, rows_out, stops, budget, jnp.int32(self.version))
-    state = SamplerState(rows=rows_out, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
-                         prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings,
-                         latent=latent)
-    out = self._finish(state, return_state=return_state)
-    if procs > 1:
-      out = _process_rows(out, jax.process_index() * local_count, local_count, n)
-    return out
+    return inputs, latent_kw
 
   def _generate_paged(self, ids: list[list[int]], *, procs: int, n: int, max_new_tokens: int, **kw) -> SampleOutput:
     """:meth:`generate` on a rollout engine sized to this call: a slot per row (the row bucket of the
     whole-batch path), blocks for every row at once (no preemption), the whole completion bucket in one
     decode call; the pool lives for the call only, the engine's compiled programs are shared."""
-    from jaxrl.sampling._engine import Engine
-    from jaxrl.sampling._paged import blocks_for
     total, longest = len(ids), max(len(x) for x in ids)
     if procs > 1:  # the engine is built alike on every process: the global count and longest prompt
-      from jaxrl.sharding import allgather_scalar
       total, longest = len(ids) * procs, int(allgather_scalar(longest).max())
     rows = self._row_bucket(total * n)
     p_bucket = length_bucket(longest, minimum=self.min_bucket)
     g_bucket = length_bucket(max_new_tokens, minimum=self.min_bucket)
     max_len = min(self.max_len, p_bucket + g_bucket)
-    block = min(16, _next_pow2(max_len))
+    block = min(16, next_pow2(max_len))
     engine = Engine(nnx.merge(self.graphdef, self.params), self.tokenizer, mesh=self.mesh, rules=self.rules,
                     num_slots=rows, max_len=max_len, block_size=block,
                     num_blocks=rows * (blocks_for(max_len, block) + 1), steps_per_call=g_bucket,
-                    prefill_rows=min(_next_pow2(total), 64), eos_token_ids=self.eos_token_ids,
+                    prefill_rows=min(next_pow2(total), 64), eos_token_ids=self.eos_token_ids,
                     pad_token_id=self.pad_token_id, cache_dtype=self.cache_dtype,
                     add_special_tokens=self.add_special_tokens, version=self.version, min_bucket=self.min_bucket,
                     max_top_logprobs=kw["return_top_logprobs"], entropy=kw["return_entropy"], placed=True)
@@ -546,73 +441,8 @@ class Sampler:
       model = _layers.unstack_layers(model, mesh=self.mesh, rules=self.rules)
     return model if self.mesh is None else models.shard_model(model, self.mesh, self.rules)
 
-  def _check_token(self, t, name: str) -> int:
-    if isinstance(t, str):
-      if self.tokenizer is None:
-        raise ValueError(f"{name}: {t!r} is a string but the sampler has no tokenizer")
-      tid = self.tokenizer.convert_tokens_to_ids(t)
-      unk = getattr(self.tokenizer, "unk_token_id", None)
-      if tid is None or (tid == unk and t != getattr(self.tokenizer, "unk_token", None)):
-        raise ValueError(f"{name}: {t!r} is not a token of the tokenizer's vocabulary")
-      t = tid
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < self.cfg.vocab_size:
-      raise ValueError(f"{name}: {t!r} is not a token id in [0, {self.cfg.vocab_size})")
-    return int(t)
-
-  def _encode_prompts(self, prompts) -> list[list[int]]:
-    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                    and all(isinstance(x, (int, np.integer)) for x in prompts)):
-      prompts = [prompts]
-    if isinstance(prompts, np.ndarray):
-      prompts = list(prompts) if prompts.ndim == 2 else [prompts]
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-      raise ValueError("prompts: expected a non-empty list of strings or token-id lists")
-    out = []
-    for i, p in enumerate(prompts):
-      if isinstance(p, str):
-        if self.tokenizer is None:
-          raise ValueError(f"prompts[{i}] is a string but the sampler has no tokenizer")
-        ids = list(self.tokenizer.encode(p, add_special_tokens=self.add_special_tokens))
-      else:
-        ids = [int(t) for t in np.asarray(p).reshape(-1)] if np.ndim(p) else None
-        if ids is None:
-          raise ValueError(f"prompts[{i}]: expected a string or a list of token ids, got {p!r}")
-        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-          raise ValueError(f"prompts[{i}]: token ids {bad[:4]} are outside [0, {self.cfg.vocab_size})")
-      if not ids:
-        raise ValueError(f"prompts[{i}] is empty (no tokens); every prompt needs at least one token")
-      if len(ids) >= self.max_len:
-        raise ValueError(f"prompts[{i}] has {len(ids)} tokens, but max_len={self.max_len} leaves no room for a "
-                         "completion; shorten the prompt or raise max_len")
-      out.append(ids)
-    return out
-
-  def _stops(self, stop_token_ids, stop_strings) -> tuple[_Stops, tuple[str, ...]]:
-    if isinstance(stop_strings, str):
-      stop_strings = [stop_strings]
-    seqs = [([t], 1) for t in self.eos_token_ids]
-    seqs += [([self._check_token(t, "stop_token_ids")], 2) for t in stop_token_ids]
-    for s in stop_strings:
-      if not isinstance(s, str) or not s:
-        raise ValueError(f"stop_strings: {s!r} is not a non-empty string")
-      if self.tokenizer is None:
-        raise ValueError("stop_strings need a tokenizer")
-      ids = list(self.tokenizer.encode(s, add_special_tokens=False))
-      if ids:
-        seqs.append((ids, 2))
-    m = _next_pow2(max(len(seqs), 1))
-    ls = _next_pow2(max([len(s) for s, _ in seqs] + [1]))
-    arr = np.full((m, ls), _NEVER, np.int32)
-    kind = np.zeros((m,), np.int32)
-    for i, (s, k) in enumerate(seqs):
-      arr[i, :ls - len(s)] = _ANY
-      arr[i, ls - len(s):] = s
-      kind[i] = k
-    return _Stops(jax.device_put(arr), jax.device_put(kind)), tuple(stop_strings)
-
   def _row_bucket(self, count: int) -> int:
-    b = _next_pow2(count)
+    b = next_pow2(count)
     return -(-b // self._dp) * self._dp
 
   def _put_rows(self, x: np.ndarray) -> jax.Array:
@@ -635,21 +465,21 @@ class Sampler:
                  versions=rows.versions, n_gen=rows.n_gen, done=rows.done, reason=rows.reason,
                  prompt_len=rows.prompt_len, entropy=rows.entropy, top_ids=rows.top_ids,
                  top_values=rows.top_values)
-    host = {k: None if v is None else np.array(v[:state.num_rows]) for k, v in _to_host(fetch).items()}
+    host = {k: None if v is None else np.array(v[:state.num_rows]) for k, v in to_host(fetch).items()}
     m = state.max_new_tokens
     lengths = host["n_gen"].astype(np.int32)
     reason = host["reason"].copy()
     done = host["done"].copy()
     if state.stop_strings and self.tokenizer is not None:
       for i in range(state.num_rows):
-        cut = self._stop_string_end(host["tokens"][i, :lengths[i]], state.stop_strings)
+        cut = stop_string_end(self.tokenizer, host["tokens"][i, :lengths[i]], state.stop_strings)
         if cut is not None and (cut < lengths[i] or reason[i] != 2):
           lengths[i], reason[i], done[i] = cut, 2, True
       if not np.array_equal(lengths, host["n_gen"]) or not np.array_equal(done, host["done"]):
         upd = {}
         for name, head in (("n_gen", lengths), ("done", done), ("reason", reason.astype(np.int32))):
           old = getattr(rows, name)
-          tail = _to_host(old)[state.num_rows:]  # padding rows, unchanged
+          tail = to_host(old)[state.num_rows:]  # padding rows, unchanged
           upd[name] = jax.device_put(np.concatenate([head, tail]), old.sharding)
         state = dataclasses.replace(state, rows=rows._replace(**upd))
     valid = np.arange(host["tokens"].shape[1])[None, :] < lengths[:, None]  # [N, G]
@@ -678,260 +508,3 @@ class Sampler:
         lengths=lengths, finish_reason=[FINISH_REASONS[c] for c in reason], versions=clip(host["versions"], -1),
         prompt_lengths=host["prompt_len"].astype(np.int32), prompt_index=state.prompt_index.copy(), texts=texts,
         top_logprobs=top, entropy=clip(host["entropy"], 0.0), state=state if keep else None)
-
-  def _stop_string_end(self, tokens: np.ndarray, stop_strings: tuple[str, ...]) -> int | None:
-    """Fewest leading tokens whose decoded text contains a stop string, or None."""
-    decode = lambda k: self.tokenizer.decode(tokens[:k].tolist(), skip_special_tokens=False)
-    if not any(s in decode(len(tokens)) for s in stop_strings):
-      return None
-    lo, hi = 1, len(tokens)  # answer in [lo, hi]
-    while lo < hi:
-      mid = (lo + hi) // 2
-      if any(s in decode(mid) for s in stop_strings):
-        hi = mid
-      else:
-        lo = mid + 1
-    return lo
-
-
-def _to_host(tree):
-  """Host copies of device arrays; rows on other processes are all-gathered (see jaxrl.sharding.to_host)."""
-  from jaxrl.sharding import to_host
-  return to_host(tree)
-
-
-def _gather_prompts(ids: list[list[int]], per_prompt: tuple[np.ndarray, ...]):
-  """Every process's prompts and per-prompt arrays, process 0's first (equal counts are required)."""
-  from jaxrl.sharding import allgather_rows, allgather_scalar
-  counts = allgather_scalar(len(ids))
-  if len(set(counts.tolist())) != 1:
-    raise ValueError(f"generate on {len(counts)} processes needs the same number of prompts on each, got "
-                     f"{counts.tolist()} (process order)")
-  width = int(allgather_scalar(max(len(x) for x in ids)).max())
-  arr = np.full((len(ids), width), -1, np.int64)
-  for i, x in enumerate(ids):
-    arr[i, :len(x)] = x
-  got, _ = allgather_rows({"ids": arr, **{f"p{k}": v for k, v in enumerate(per_prompt)}})
-  all_ids = [[int(t) for t in row if t >= 0] for row in got["ids"]]
-  return all_ids, tuple(got[f"p{k}"].astype(v.dtype) for k, v in enumerate(per_prompt))
-
-
-def _process_rows(out: SampleOutput, first_prompt: int, count: int, n: int) -> SampleOutput:
-  """The rows of prompts ``first_prompt .. first_prompt + count - 1`` of a global output, with
-  ``prompt_index`` relative to them. ``state`` stays the global state (every process holds it)."""
-  rows = slice(first_prompt * n, (first_prompt + count) * n)
-  cut = lambda a: None if a is None else a[rows]
-  top = None if out.top_logprobs is None else TopLogprobs(ids=cut(out.top_logprobs.ids),
-                                                          logprobs=cut(out.top_logprobs.logprobs))
-  return dataclasses.replace(
-      out, tokens=cut(out.tokens), logprobs=cut(out.logprobs), sampling_logprobs=cut(out.sampling_logprobs),
-      lengths=cut(out.lengths), finish_reason=out.finish_reason[rows], versions=cut(out.versions),
-      prompt_lengths=cut(out.prompt_lengths), prompt_index=cut(out.prompt_index) - first_prompt,
-      texts=None if out.texts is None else out.texts[rows], top_logprobs=top, entropy=cut(out.entropy))
-
-
-class _Programs:
-  """The jitted device programs for one (model structure, mesh, options); shared by equal samplers.
-
-  ``counts`` counts traces per program: a trace happens exactly when a program compiles for a new
-  input shape bucket.
-  """
-
-  def __init__(self, graphdef, cfg, mesh, rules, cache_dtype, decode_impl):
-    self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
-    self.cache_dtype, self.decode_impl = cache_dtype, decode_impl
-    self.counts: collections.Counter[str] = collections.Counter()
-    self.prefill = jax.jit(self._prefill_program,
-                           static_argnames=("gen_len", "k_top", "want_entropy", "max_thoughts"))
-    self.decode = jax.jit(self._decode_program, donate_argnames=("rows",))
-    self.recompute = jax.jit(self._recompute_program, donate_argnames=("rows",))
-    self.fork = jax.jit(self._fork_program)
-
-  def row_sharding(self, ndim: int) -> NamedSharding | None:
-    if self.mesh is None:
-      return None
-    return NamedSharding(self.mesh, PartitionSpec(*self.rules.spec(("cache_batch",), self.mesh), *[None] * (ndim - 1)))
-
-  def constrain_rows(self, rows: _Rows) -> _Rows:
-    if self.mesh is None:
-      return rows
-    axes = models.KVCache.logical_axes()
-    cache = jax.tree.map(
-        lambda x, names: jax.lax.with_sharding_constraint(x, self.rules.sharding(names, self.mesh, x.shape)),
-        rows.cache, axes, is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x))
-
-    def one(x):
-      return jax.lax.with_sharding_constraint(x, self.row_sharding(x.ndim)) if x is not None else None
-    rest = {f: one(getattr(rows, f)) for f in _Rows._fields if f != "cache" and f != "keys"}
-    return rows._replace(cache=cache, **rest)
-
-  def _prefill_program(self, params, seed, *, prompt, prompt_len, src, active, request, sample, temperature,
-                       top_k, top_p, min_p, max_new, gen_len, k_top, want_entropy, n_thoughts=None,
-                       max_thoughts=0):
-    """Prefills every prompt's first ``p - 1`` tokens once and copies the cache to its sample rows.
-
-    The last prompt token is left pending (``n_gen = 0``): the first decode step feeds it and samples
-    token 0, so sampling is compiled once, inside the loop.
-
-    Latent mode (``n_thoughts [U]``, at most the static ``max_thoughts``): prompt ``u`` is its tokens
-    (ending with ``<bot>``), ``n_thoughts[u]`` placeholder slots, then ``<eot>``. Its tokens are
-    prefilled, the continuous thoughts are fed into the placeholder slots
-    (:func:`jaxrl.sampling._latent.feed_thoughts`), and ``<eot>`` is left pending.
-    """
-    self.counts["prefill"] += 1
-    model = nnx.merge(self.graphdef, params)
-    cfg = self.cfg
-    u, p = prompt.shape
-    r = src.shape[0]
-    s = p + gen_len
-    filled = prompt_len - 1 if n_thoughts is None else prompt_len - 1 - n_thoughts  # [U] tokens to prefill
-    with jax.named_scope("prefill"):
-      seg = (jnp.arange(p)[None, :] < filled[:, None]).astype(jnp.int32)  # [U, P]
-      pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (u, p))
-      cache = models.KVCache.init(cfg, u, p, self.cache_dtype)
-      h, cache = model(prompt, positions=pos, segment_ids=seg, cache=cache,
-                       cache_start=jnp.zeros((u,), jnp.int32), return_hidden=True)
-    if max_thoughts:
-      with jax.named_scope("thoughts"):  # thought j at slot = position filled + j: the row stays a contiguous prefix
-        last = h[jnp.arange(u), filled - 1]  # [U, D]: hidden state of each prompt's <bot>
-        cache, _, _, _ = _latent.feed_thoughts(self.graphdef, params, None, cache, last, slot=filled, pos=filled,
-                                               thoughts=max_thoughts, limit=n_thoughts)
-
-    def grow(x, axis):  # pad the slot axis to S, then copy prompt rows to sample rows
-      widths = [(0, 0)] * x.ndim
-      widths[axis] = (0, s - p)
-      return jnp.take(jnp.pad(x, widths), src, axis=axis - 1)
-
-    cache = models.KVCache(k=grow(cache.k, 2), v=grow(cache.v, 2), segment_ids=grow(cache.segment_ids, 1),
-                           positions=grow(cache.positions, 1))
-    base = jax.random.key(seed)
-    keys = jax.vmap(lambda q, j: jax.random.fold_in(jax.random.fold_in(base, q), j))(request, sample)
-    g = gen_len
-    rows = _Rows(
-        cache=cache, prompt=prompt[src], prompt_len=prompt_len[src],
-        tokens=jnp.zeros((r, g), jnp.int32), logprobs=jnp.zeros((r, g), jnp.float32),
-        sampling_logprobs=jnp.zeros((r, g), jnp.float32), versions=jnp.full((r, g), -1, jnp.int32),
-        entropy=jnp.zeros((r, g), jnp.float32) if want_entropy else None,
-        top_ids=jnp.zeros((r, g, k_top), jnp.int32) if k_top else None,
-        top_values=jnp.zeros((r, g, k_top), jnp.float32) if k_top else None,
-        n_gen=jnp.zeros((r,), jnp.int32), done=~active, reason=jnp.zeros((r,), jnp.int32), keys=keys,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new=max_new)
-    return self.constrain_rows(rows)
-
-  def _recompute_program(self, params, rows):
-    self.counts["recompute"] += 1
-    model = nnx.merge(self.graphdef, params)
-    with jax.named_scope("recompute_cache"):
-      rows = rows._replace(cache=_recompute_cache(model, rows, self.cache_dtype))
-    return self.constrain_rows(rows)
-
-  def _decode_program(self, params, rows, stops, budget, version):
-    self.counts["decode"] += 1
-    return self._decode_loop(params, rows, stops, budget, version)
-
-  def _fork_program(self, rows, src, child, real):
-    self.counts["fork"] += 1
-    take = lambda x: None if x is None else jnp.take(x, src, axis=0)
-    cache = rows.cache
-    new_cache = models.KVCache(k=jnp.take(cache.k, src, axis=1), v=jnp.take(cache.v, src, axis=1),
-                               segment_ids=take(cache.segment_ids), positions=take(cache.positions))
-    fields = {f: take(getattr(rows, f)) for f in _Rows._fields if f != "cache"}
-    keys = jax.vmap(lambda k, j: jax.random.fold_in(jax.random.fold_in(k, _FORK_TAG), j))(fields["keys"], child)
-    fields.update(keys=keys, done=fields["done"] | ~real)
-    return self.constrain_rows(_Rows(cache=new_cache, **fields))
-
-  def _decode_loop(self, params, rows: _Rows, stops: _Stops, budget, version) -> _Rows:
-    def cond(carry):
-      rows, step, _ = carry
-      return (step < budget) & jnp.any(~rows.done)
-
-    def body(carry):
-      rows, step, params = carry  # params ride in the carry: NNX modules cannot cross trace levels
-      model = nnx.merge(self.graphdef, params)
-      with jax.named_scope("decode_step"):
-        pos = rows.prompt_len + rows.n_gen - 1  # [R] slot of the pending token
-        token = jnp.where(
-            rows.n_gen > 0,
-            jnp.take_along_axis(rows.tokens, jnp.maximum(rows.n_gen - 1, 0)[:, None], axis=1)[:, 0],
-            jnp.take_along_axis(rows.prompt, jnp.maximum(pos, 0)[:, None], axis=1)[:, 0])
-        if self.decode_impl == "kernel":
-          logits, cache = _decode.decode_step(model, token, pos, rows.cache, mesh=self.mesh, rules=self.rules)
-        else:
-          out, cache = model(token[:, None], positions=pos[:, None], segment_ids=jnp.ones_like(pos)[:, None],
-                             cache=rows.cache, cache_start=pos)
-          logits = out[:, 0]
-        rows = self.constrain_rows(rows._replace(cache=cache))
-        rows = _emit(rows, logits, version, stops)
-      return rows, step + 1, params
-
-    rows, _, _ = jax.lax.while_loop(cond, body, (rows, jnp.int32(0), params))
-    return rows
-
-
-@functools.lru_cache(maxsize=64)
-def _programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _Programs:
-  return _Programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl)
-
-
-# --------------------------------------------------------------------------------------------------
-# Pure device functions
-
-
-def _emit(rows: _Rows, logits: jax.Array, version: jax.Array, stops: _Stops) -> _Rows:
-  """Samples token ``n_gen`` of every unfinished row from ``logits [R, V]`` and checks the stop rules."""
-  r, g = rows.tokens.shape
-  active = ~rows.done
-  idx = rows.n_gen
-  step_keys = jax.vmap(jax.random.fold_in)(rows.keys, idx)
-  out = sample_logits(logits, step_keys, temperature=rows.temperature, top_k=rows.top_k, top_p=rows.top_p,
-                      min_p=rows.min_p)
-  at = jnp.where(active, idx, g)  # out of bounds for finished rows: the write is dropped
-  ar = jnp.arange(r)
-
-  def put(buf, value):
-    return buf.at[ar, at].set(value.astype(buf.dtype), mode="drop")
-
-  upd = dict(tokens=put(rows.tokens, out.tokens), logprobs=put(rows.logprobs, out.logprobs),
-             sampling_logprobs=put(rows.sampling_logprobs, out.sampling_logprobs),
-             versions=put(rows.versions, jnp.broadcast_to(version, (r,))))
-  if rows.entropy is not None:
-    upd["entropy"] = put(rows.entropy, _entropy(logits, rows.temperature))
-  if rows.top_ids is not None:
-    ids, values = _top_logprobs(logits, rows.temperature, rows.top_ids.shape[-1])
-    upd["top_ids"] = put(rows.top_ids, ids)
-    upd["top_values"] = put(rows.top_values, values)
-  n_gen = idx + active.astype(jnp.int32)
-  tokens = upd["tokens"]
-  ls = stops.seqs.shape[1]
-  offs = n_gen[:, None] - ls + jnp.arange(ls)[None, :]  # [R, Ls] indices of the last Ls tokens
-  window = jnp.take_along_axis(tokens, jnp.clip(offs, 0, g - 1), axis=1)
-  window = jnp.where(offs >= 0, window, _NEVER - 1)
-  seqs = stops.seqs[None]  # [1, M, Ls]
-  match = jnp.all((seqs == _ANY) | (seqs == window[:, None, :]), axis=-1)  # [R, M]
-  eos = jnp.any(match & (stops.kind == 1)[None], axis=-1)
-  stop = jnp.any(match & (stops.kind == 2)[None], axis=-1)
-  length = n_gen >= rows.max_new
-  reason = jnp.where(eos, 1, jnp.where(stop, 2, jnp.where(length, 3, 0)))
-  finished = active & (eos | stop | length)
-  return rows._replace(n_gen=n_gen, done=rows.done | finished, reason=jnp.where(finished, reason, rows.reason), **upd)
-
-
-def _recompute_cache(model, rows: _Rows, dtype) -> models.KVCache:
-  """KV cache of every row's sequence (prompt + generated) except the pending last token, in one prefill."""
-  r, p = rows.prompt.shape
-  s = rows.cache.k.shape[2]
-  slot = jnp.arange(s)[None, :]  # [1, S]
-  pl = rows.prompt_len[:, None]
-  gen_idx = jnp.clip(slot - pl, 0, rows.tokens.shape[1] - 1)
-  from_prompt = jnp.pad(rows.prompt, ((0, 0), (0, s - p)))  # [R, S]
-  from_gen = jnp.take_along_axis(rows.tokens, gen_idx, axis=1)
-  tokens = jnp.where(slot < pl, from_prompt, from_gen)  # [R, S]
-  valid = slot < pl + rows.n_gen[:, None] - 1
-  seg = valid.astype(jnp.int32)
-  tokens = jnp.where(valid, tokens, 0)
-  pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (r, s))
-  cache = models.KVCache.init(model.cfg, r, s, dtype)
-  _, cache = model(tokens, positions=pos, segment_ids=seg, cache=cache, cache_start=jnp.zeros((r,), jnp.int32),
-                   return_hidden=True)
-  return cache
-

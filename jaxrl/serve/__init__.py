@@ -5,6 +5,8 @@
         openai.OpenAI(base_url=srv.url, api_key="none").chat.completions.create(...)
 
 See ``docs/rewards.md`` (section "jaxrl serve").
+
+Layer (docs/design.md): may import ``envs``, ``rl`` and the layers below; not ``cli``.
 """
 
 from jaxrl.serve._app import ServerThread, create_app, render_chat

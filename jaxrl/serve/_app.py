@@ -14,7 +14,23 @@ temperature 1 (:mod:`jaxrl.serve._score`); ``echo`` is not served with ``stream`
 
 Streaming sends one server-sent event per generated token and ``data: [DONE]``. With the batch sampler
 as backend the events are sent once the completion is generated; the event format is the same for a
-backend that produces tokens incrementally.
+backend that produces tokens incrementally. A token's text is what it completes
+(:class:`jaxrl.sampling.IncrementalDetokenizer`): a character split over several byte-level tokens
+arrives whole with its last token (the tokens before it carry ``""``), so the concatenated deltas equal
+the non-streamed text exactly. Log-prob entries carry OpenAI's ``bytes`` (the token's raw bytes, from
+:class:`jaxrl.sampling.TokenBytes`); a token that is part of a character is shown as
+``"bytes:\\xe4\\xbd"`` (OpenAI's convention) and ``text_offset`` is where its character starts.
+
+Refusals follow OpenAI's API, with the body ``{"error": {"message", "type", "param", "code"}}``:
+
+* 400 ``context_length_exceeded`` when prompt tokens + ``max_tokens`` (or ``max_completion_tokens``)
+  exceed the server's context (``max_len``); the message names both numbers and the limit. Without
+  ``max_tokens`` a chat completion may use the rest of the context (``max_len - prompt``, as in OpenAI's
+  and vLLM's chat API) and a completion 16 tokens (the legacy API's default), capped at the context left.
+* 404 ``model_not_found`` for a ``model`` other than the served name (a request without ``model`` is
+  served, as vLLM does).
+* 400 for a message role other than ``system``, ``developer``, ``user``, ``assistant``, ``tool``
+  (``developer`` is rendered as ``system`` unless the chat template names a developer role).
 """
 
 from __future__ import annotations
@@ -22,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import random
 import threading
@@ -32,19 +49,25 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from jaxrl.sampling import IncrementalDetokenizer, TokenBytes
 from jaxrl.serve._batcher import Batcher, GenRequest, RowResult
 from jaxrl.serve._score import PromptScorer
 
 __all__ = ["ServerThread", "create_app", "render_chat"]
 
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "interrupted": "length"}
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_COMPLETION_DEFAULT_MAX_TOKENS = 16  # the legacy completions API's default
 
 
 class RequestError(ValueError):
-  def __init__(self, param: str, message: str):
+  """A 400 that names the request field (``param``) and, where OpenAI has one, its error ``code``."""
+
+  def __init__(self, param: str, message: str, code: str | None = None):
     super().__init__(f"{param}: {message}")
-    self.param = param
+    self.param, self.code = param, code
 
 
 def render_chat(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
@@ -77,23 +100,51 @@ def _stops(body: dict) -> tuple[str, ...]:
   return tuple(stop)
 
 
-def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_len: int, *, echo: bool = False,
+def _max_tokens(body: dict, prompts: list[list[int]], max_len: int, default: int | None, echo: bool) -> int:
+  """The completion budget: the request's ``max_tokens`` (refused past the context), else ``default``
+  (``None``: the rest of the context) capped at what the longest prompt leaves."""
+  field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+  where = "prompt" if "prompt" in body else "messages"
+  longest = max(len(p) for p in prompts)
+  left = max_len - longest
+  if body.get(field) is None:
+    if left < 1:
+      raise RequestError(where, f"This model's maximum context length is {max_len} tokens. However, your {where} "
+                         f"resulted in {longest} tokens, which leaves no room for a completion. Please reduce the "
+                         f"length of the {where}.", "context_length_exceeded")
+    return left if default is None else min(default, left)
+  max_tokens = _num(body, field, 0, int, lambda v: v >= (0 if echo else 1))
+  if longest + max_tokens > max_len:
+    raise RequestError(where, f"This model's maximum context length is {max_len} tokens. However, you requested "
+                       f"{longest + max_tokens} tokens ({longest} in the {where}, {max_tokens} in the completion). "
+                       f"Please reduce the length of the {where} or completion.", "context_length_exceeded")
+  return max_tokens
+
+
+def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_len: int, *,
+                 default_max_tokens: int | None, echo: bool = False,
                  prompt_texts: tuple[str | None, ...] = ()) -> GenRequest:
-  max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-  max_tokens = _num({"max_tokens": max_tokens}, "max_tokens", 16, int, lambda v: v >= (0 if echo else 1))
+  max_tokens = _max_tokens(body, prompts, max_len, default_max_tokens, echo)
   seed = body.get("seed")
   if seed is None:
     seed = random.getrandbits(31)
-  for i, p in enumerate(prompts):
-    if len(p) >= max_len:
-      raise RequestError("prompt" if "prompt" in body else "messages",
-                         f"prompt {i} has {len(p)} tokens; the server's max_len is {max_len}")
   return GenRequest(
       prompts=prompts, n=_num(body, "n", 1, int, lambda v: 1 <= v <= 128), max_tokens=max_tokens,
       temperature=_num(body, "temperature", 1.0, float, lambda v: 0 <= v <= 100),
       top_p=_num(body, "top_p", 1.0, float, lambda v: 0 < v <= 1), top_k=max(_num(body, "top_k", 0, int, lambda v: v >= -1), 0),
       seed=_num({"seed": seed}, "seed", 0, int, lambda v: True), stop=_stops(body), top_logprobs=top_logprobs,
       echo=echo, prompt_texts=tuple(prompt_texts))
+
+
+def _starts(deltas: list[str], start: int = 0) -> list[int]:
+  """Where each token's text starts (OpenAI's ``text_offset``), given the text each token completes."""
+  return list(itertools.accumulate((len(d) for d in deltas), initial=start))[:-1]
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+  """OpenAI's error response: ``{"error": {"message", "type", "param", "code"}}``."""
+  return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
+                      status_code=status)
 
 
 def _cut_stop(text: str, stop: tuple[str, ...]) -> str:
@@ -107,12 +158,27 @@ class _Api:
     self.tok, self.batcher, self.model_name, self.max_len = tokenizer, batcher, model_name, max_len
     self.max_top_logprobs, self.scorer = max_top_logprobs, scorer
     self.created = int(time.time())
+    self.token_bytes = TokenBytes(tokenizer)
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    self.developer_role = "developer" if "developer" in template else "system"  # a template may know it
 
   def piece(self, tid: int) -> str:
-    return self.tok.decode([int(tid)], skip_special_tokens=False)
+    """A token's display string (``"bytes:\\x.."`` for part of a character)."""
+    return self.token_bytes.text(tid)
 
   def text(self, row: RowResult, stop) -> str:
     return _cut_stop(self.tok.decode(row.tokens, skip_special_tokens=True), stop)
+
+  def deltas(self, tokens: list[int], text: str, *, skip_special_tokens: bool = True) -> list[str]:
+    """The text each token completes (incremental detokenization), cut to ``text`` (the full decode, or its
+    part before a stop string): ``"".join(deltas) == text``."""
+    detok, out, sent = IncrementalDetokenizer(self.tok, skip_special_tokens=skip_special_tokens), [], 0
+    for t, tid in enumerate(tokens):
+      d = detok.step(tid) + (detok.flush() if t == len(tokens) - 1 else "")
+      d = d[:max(len(text) - sent, 0)]
+      sent += len(d)
+      out.append(d)
+    return out
 
   async def generate(self, req: GenRequest) -> list[list[RowResult]]:
     if req.max_tokens:
@@ -138,29 +204,29 @@ class _Api:
         isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
       raise RequestError("messages", "expected a non-empty list of {role, content} objects")
     msgs = []
-    for m in messages:
+    for i, m in enumerate(messages):
+      if m["role"] not in _ROLES:
+        raise RequestError(f"messages.[{i}].role", f"{m['role']!r} is not one of {', '.join(map(repr, _ROLES))}")
       content = m.get("content")
       if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
       if not isinstance(content, str):
         raise RequestError("messages", f"content of a {m['role']!r} message must be text")
-      msgs.append({"role": m["role"], "content": content})
+      msgs.append({"role": self.developer_role if m["role"] == "developer" else m["role"], "content": content})
     k = 0
     if body.get("logprobs"):
       k = _num(body, "top_logprobs", 0, int, lambda v: 0 <= v <= self.max_top_logprobs)
     elif body.get("top_logprobs"):
       raise RequestError("top_logprobs", "needs logprobs: true")
-    return _gen_request(body, [render_chat(self.tok, msgs)], k, self.max_len)
+    return _gen_request(body, [render_chat(self.tok, msgs)], k, self.max_len, default_max_tokens=None)
 
   def chat_logprobs(self, row: RowResult, k: int, sl=slice(None)) -> dict:
     content = []
     ids, lps = row.tokens[sl], row.logprobs[sl]
     tops_i, tops_v = (row.top_ids[sl], row.top_logprobs[sl]) if k else ([[]] * len(ids), [[]] * len(ids))
+    entry = lambda tid, lp: {"token": self.piece(tid), "logprob": lp, "bytes": list(self.token_bytes(tid))}
     for tid, lp, ti, tv in zip(ids, lps, tops_i, tops_v):
-      s = self.piece(tid)
-      content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
-                      "top_logprobs": [{"token": self.piece(a), "logprob": v, "bytes": list(self.piece(a).encode())}
-                                       for a, v in zip(ti, tv)]})
+      content.append({**entry(tid, lp), "top_logprobs": [entry(a, v) for a, v in zip(ti, tv)]})
     return {"content": content}
 
   def chat_response(self, body: dict, req: GenRequest, rows: list[list[RowResult]]) -> dict:
@@ -180,10 +246,7 @@ class _Api:
 
     for j, r in enumerate(rows[0]):
       yield chunk([{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
-      sent = ""
-      for t in range(len(r.tokens)):
-        text = _cut_stop(self.tok.decode(r.tokens[:t + 1], skip_special_tokens=True), req.stop)
-        delta, sent = text[len(sent):], text
+      for t, delta in enumerate(self.deltas(r.tokens, self.text(r, req.stop))):
         lp = self.chat_logprobs(r, req.top_logprobs, slice(t, t + 1)) if want else None
         yield chunk([{"index": j, "delta": {"content": delta}, "logprobs": lp, "finish_reason": None}])
       yield chunk([{"index": j, "delta": {}, "logprobs": None, "finish_reason": _FINISH[r.finish_reason]}])
@@ -217,7 +280,8 @@ class _Api:
     if echo and self.scorer is None:
       raise RequestError("echo", "this backend cannot score prompts")
     texts = tuple(p if isinstance(p, str) else None for p in prompt)
-    return _gen_request(body, ids, k, self.max_len, echo=echo, prompt_texts=texts)
+    return _gen_request(body, ids, k, self.max_len, default_max_tokens=_COMPLETION_DEFAULT_MAX_TOKENS, echo=echo,
+                        prompt_texts=texts)
 
   def prompt_text(self, req: GenRequest, p: int) -> str:
     text = req.prompt_texts[p] if p < len(req.prompt_texts) else None
@@ -234,11 +298,7 @@ class _Api:
           return [int(a) for a, _ in enc["offset_mapping"]]
       except (NotImplementedError, TypeError, ValueError, KeyError):  # a slow tokenizer has no offsets
         pass
-    offsets, pos = [], 0
-    for t in ids:
-      offsets.append(pos)
-      pos += len(self.piece(t))
-    return offsets
+    return _starts(self.deltas(ids, self.tok.decode(ids, skip_special_tokens=False), skip_special_tokens=False))
 
   def echo_logprobs(self, req: GenRequest, p: int, row: RowResult, k: int) -> dict:
     """The prompt's part of a completion's ``logprobs`` (the first token has none, as in OpenAI's API)."""
@@ -248,15 +308,12 @@ class _Api:
     return {"tokens": [self.piece(t) for t in ids], "token_logprobs": [None] + list(sc.logprobs),
             "top_logprobs": top, "text_offset": self.prompt_offsets(req, p)}
 
-  def completion_logprobs(self, row: RowResult, k: int, sl=slice(None), start: int = 0) -> dict:
+  def completion_logprobs(self, row: RowResult, k: int, offsets: list[int], sl=slice(None)) -> dict:
+    """OpenAI's completion ``logprobs`` of ``row.tokens[sl]``; ``offsets``: every token's ``text_offset``."""
     tokens = [self.piece(t) for t in row.tokens[sl]]
-    offsets, pos = [], start
-    for s in tokens:
-      offsets.append(pos)
-      pos += len(s)
     top = [{self.piece(a): v for a, v in zip(ti, tv)} for ti, tv in zip(row.top_ids[sl], row.top_logprobs[sl])] \
         if k else [None] * len(tokens)
-    return {"tokens": tokens, "token_logprobs": row.logprobs[sl], "top_logprobs": top, "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": row.logprobs[sl], "top_logprobs": top, "text_offset": offsets[sl]}
 
   def completion_choices(self, body, req, rows):
     want = body.get("logprobs") is not None
@@ -268,12 +325,13 @@ class _Api:
 
   def completion_choice(self, i: int, req: GenRequest, p: int, r: RowResult, want: bool) -> dict:
     text, lp = self.text(r, req.stop), None
+    deltas = self.deltas(r.tokens, text) if want else []
     if want:
-      lp = self.completion_logprobs(r, req.top_logprobs)
+      lp = self.completion_logprobs(r, req.top_logprobs, _starts(deltas))
     if req.echo:
       head = self.prompt_text(req, p)
       if want:
-        gen = self.completion_logprobs(r, req.top_logprobs, start=len(head))
+        gen = self.completion_logprobs(r, req.top_logprobs, _starts(deltas, len(head)))
         lp = {key: v + gen[key] for key, v in self.echo_logprobs(req, p, r, req.top_logprobs).items()}
       text = head + text
     return {"index": i, "text": text, "logprobs": lp, "finish_reason": _FINISH[r.finish_reason]}
@@ -293,11 +351,10 @@ class _Api:
                                     "model": self.model_name, "choices": choices, **extra}) + "\n\n"
 
     for i, r, want in self.completion_choices(body, req, rows):
-      sent = ""
-      for t in range(len(r.tokens)):
-        text = _cut_stop(self.tok.decode(r.tokens[:t + 1], skip_special_tokens=True), req.stop)
-        delta, sent = text[len(sent):], text
-        lp = self.completion_logprobs(r, req.top_logprobs, slice(t, t + 1)) if want else None
+      deltas = self.deltas(r.tokens, self.text(r, req.stop))
+      offsets = _starts(deltas)
+      for t, delta in enumerate(deltas):
+        lp = self.completion_logprobs(r, req.top_logprobs, offsets, slice(t, t + 1)) if want else None
         yield chunk([{"index": i, "text": delta, "logprobs": lp, "finish_reason": None}])
       yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": _FINISH[r.finish_reason]}])
     if (body.get("stream_options") or {}).get("include_usage"):
@@ -312,7 +369,7 @@ def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_
   Args:
     backend: has ``generate(...)`` like :meth:`jaxrl.sampling.Sampler.generate` and ``max_len``.
     tokenizer: a transformers tokenizer with a chat template (default ``backend.tokenizer``).
-    model_name: the id listed by ``/v1/models`` (requests may name any model; it is echoed back).
+    model_name: the id listed by ``/v1/models``; a request naming another model is refused (404).
     max_batch_rows, batch_wait_s: see :class:`jaxrl.serve.Batcher`.
     max_top_logprobs: most ``top_logprobs`` a request may ask for (OpenAI's limit is 20; up to the
       vocabulary size lets a judge read the probability of every score token); capped at an
@@ -337,24 +394,29 @@ def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_
   app = FastAPI(title="jaxrl serve", lifespan=lifespan)
   app.state.batcher = batcher
 
-  def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+  @app.exception_handler(StarletteHTTPException)
+  async def http_error(_request, exc: StarletteHTTPException):  # unknown route, wrong method: OpenAI's shape
+    return _error(exc.status_code, str(exc.detail))
 
   async def handle(request: Request, make, respond, stream):
     try:
       body = await request.json()
     except ValueError:
-      return error(400, "the request body is not JSON")
+      return _error(400, "the request body is not JSON")
     if not isinstance(body, dict):
-      return error(400, "the request body must be a JSON object")
+      return _error(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+      return _error(404, f"The model `{model}` does not exist (this server serves `{model_name}`).", "model",
+                   "model_not_found")
     try:
       req = make(body)
     except RequestError as e:
-      return error(400, str(e), e.param)
+      return _error(400, str(e), e.param, e.code)
     try:
       rows = await api.generate(req)
     except ValueError as e:
-      return error(400, str(e))
+      return _error(400, str(e))
     if body.get("stream"):
       return StreamingResponse(stream(body, req, rows), media_type="text/event-stream")
     return JSONResponse(respond(body, req, rows))

@@ -1,4 +1,7 @@
-"""Supervised fine-tuning on packed sequences."""
+"""Supervised fine-tuning on packed sequences.
+
+Layer (docs/design.md): may import ``train`` and the layers below; not ``rl``, ``envs`` or anything above.
+"""
 
 from jaxrl.sft._trainer import (
     BuiltinData,

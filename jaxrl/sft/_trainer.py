@@ -22,7 +22,9 @@ from flax import nnx
 
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
-from jaxrl.models._source import ModelSource
+from jaxrl.models import ModelSource
+from jaxrl import sampling
+from jaxrl import config as config_lib
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
                "TPU v5": 459.0, "TPU v6 lite": 918.0}
@@ -34,13 +36,9 @@ BuiltinData = data_lib.BuiltinTask
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SFTData:
-  train: tuple[str, ...] = ()
-  "Training files (JSONL/Parquet). Empty: use `builtin`."
-  heldout: tuple[str, ...] = ()
-  "Held-out files for eval loss and exact match."
-  builtin: BuiltinData | None = dataclasses.field(default_factory=BuiltinData)
-  "The built-in task, used when `train` is empty."
+class SFTData(data_lib.TaskData):
+  """Where SFT records come from: JSONL/Parquet ``train`` files; ``heldout`` for eval loss and exact match."""
+
   max_bad_records: int = 0
   "Malformed records to skip (counted, reported) before failing."
   shuffle_seed: int = 0
@@ -254,108 +252,113 @@ class SFTTrainer:
     cfg = self.cfg
     it = self._batches(self.train_paths, epochs=None)
     source = self._last_source
-    start_step = 0
     guard = train.SkipGuard(cfg.guards, log=print)
-    if self.checkpointer is not None and cfg.checkpoint.resume == "auto" and self.checkpointer.latest_step():
-      start_step, self.state, host = self.checkpointer.restore(self.state)
-      # Each process's own entries (another process count: the entries agree, see _check_same_data).
-      data_lib.check_fingerprint(train.own_process_state(host.get("data_files"), step=start_step,
-                                                         what="the data files' fingerprint",
-                                                         key=lambda files: list(files.values())),
-                                 source.fingerprint())
-      it.set_state(train.own_process_state(host["data"], step=start_step, what="the data-iterator state"))
-      guard.set_state(host.get("guards"))
-    # Process 0 logs to out_dir; others (same global metrics) to out_dir/processes/K, never the same files.
-    log_dir = self.out_dir if self.pid == 0 else self.out_dir / "processes" / str(self.pid)
-    logger = train.MetricsLogger(log_dir, total_steps=cfg.steps, desc="sft",
-                                 show=("loss", "tok/s", "eval_loss", "eval_exact_match"),
-                                 tensorboard=cfg.tensorboard)
+    start_step = self._resume(it, source, guard)
+    logger = train.process_logger(self.out_dir, self.pid, total_steps=cfg.steps, desc="sft",
+                                  show=("loss", "tok/s", "eval_loss", "eval_exact_match"), tensorboard=cfg.tensorboard)
     guard.log = logger.note
     first_eval = self.evaluate() if start_step == 0 and cfg.eval.every else {}
     if first_eval:
       logger.log(0, first_eval)
-    flops_per_token = self.model.cfg.flops_per_token(cfg.packing.seq_len) if hasattr(
-        self.model.cfg, "flops_per_token") else None
-    peak = _peak_tflops()
-    t_last = time.perf_counter()
     results: dict[str, Any] = {"start_step": start_step, "eval_before": first_eval}
-    losses_seen = []
     last = cfg.steps if until is None else min(until, cfg.steps)
-    stats = None  # packing statistics of the last batch trained in this process (none when resumed at the end)
-    pending = None  # (step, skipped, non-finite micro-batches, loss) of the last step, read one step late
     try:
-      with train.PreemptionGuard() as preempt:
-        for step in range(start_step + 1, last + 1):
-          sharding.barrier("sft-step")
-          batch = next(it)
-          stats = batch.stats
-          self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
-          if pending is not None:  # the previous step is done by now: reading its flags does not stall
-            guard.observe(*sharding.to_host(pending))
-          pending = (step, metrics["skipped"], metrics[train.NONFINITE_KEY], metrics["loss"])
-          if step % cfg.log_every == 0 or step == cfg.steps:
-            metrics = sharding.to_host(metrics)
-            now = time.perf_counter()
-            dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
-            t_last = now
-            real = batch.stats.tokens
-            row = {"loss": float(metrics["nll_sum"]) / max(float(metrics["loss_tokens"]), 1.0),
-                   "objective": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
-                   "lr": float(metrics["lr"]), "tok/s": real / dt, "padding": 1.0 - batch.stats.efficiency,
-                   "skipped": float(self.state.skipped)}
-            if flops_per_token and peak:
-              row["mfu"] = flops_per_token * real / dt / (peak * 1e12 * jax.device_count())
-            losses_seen.append(row["loss"])
-            logger.log(step, row)
-          if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
-            ev = self.evaluate()
-            if ev:
-              logger.log(step, ev)
-              results["eval_after"] = ev
-          signum = preempt.requested()
-          if self.checkpointer is not None and (self.checkpointer.due(step) or step == last or signum):
-            guard.observe(*sharding.to_host(pending))
-            pending = None
-            procs = train.gather_process_states({"data": it.get_state(), "files": source.fingerprint()})
-            _check_same_data(procs, step)
-            self.checkpointer.save(step, self.state, {"data": [p["data"] for p in procs], "step": step,
-                                                      "guards": guard.state(),
-                                                      "data_files": [p["files"] for p in procs]}, force=True)
-          if signum:
-            if self.checkpointer is not None:
-              self.checkpointer.close()
-            logger.close(title="sft")
-            raise train.Preempted(signum, step, checkpointed=self.checkpointer is not None)
-        if pending is not None:
-          guard.observe(*sharding.to_host(pending))
+      losses_seen, stats = self._train_steps(it, source, guard, logger, results, start_step, last)
     finally:
       if self.checkpointer is not None:
         self.checkpointer.close()  # an in-flight save commits even when the loop raised
-    if start_step >= last and cfg.eval.every and last == cfg.steps:
-      # Resumed at (or past) the end: no step ran here, so the final evaluation is redone for the results.
-      ev = self.evaluate()
-      if ev:
-        results["eval_after"] = ev
+    train.eval_if_resumed_at_end(results, start_step=start_step, last=last, total_steps=cfg.steps,
+                                 eval_every=cfg.eval.every, evaluate=self.evaluate)
     plot = logger.close(title="sft")
     skips = sft_skip_report(source, stats, cfg.packing)
     skips.print(logger.console)
     results["skips"] = skips.as_dict()
     if last < cfg.steps:
-      if self.pid == 0:
-        (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+      train.write_results(results, self.out_dir, pid=self.pid)
       return dict(results, losses=losses_seen, stopped_at=last)
     results.update(steps=cfg.steps, losses=losses_seen, plot=str(plot) if plot else None,
                    skipped=int(self.state.skipped), packing=dataclasses.asdict(stats) if stats is not None else None)
     if cfg.export_hf:
-      models.save_pretrained(self.current_model(for_sampling=True), self.out_dir / "hf", tokenizer=self.tokenizer)
-      results["hf_dir"] = str(self.out_dir / "hf")
-      if cfg.lora is not None:
-        models.save_peft(self.current_model(), self.out_dir / "adapter")
-        results["adapter_dir"] = str(self.out_dir / "adapter")
-    if self.pid == 0:
-      (self.out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+      train.export_hf(results, out_dir=self.out_dir, model=self.current_model(for_sampling=True),
+                      adapter=self.current_model() if cfg.lora is not None else None, tokenizer=self.tokenizer)
+    train.write_results(results, self.out_dir, pid=self.pid)
     return results
 
+  def _resume(self, it, source, guard: train.SkipGuard) -> int:
+    """The step to start from: the latest checkpoint's under ``checkpoint.resume: auto`` (the state, the data
+    iterator and the guards restored, the data files' fingerprint checked), else 0."""
+    if not train.resumable(self.checkpointer, self.cfg.checkpoint.resume):
+      return 0
+    start_step, self.state, host = self.checkpointer.restore(self.state)
+    # Each process's own entries (another process count: the entries agree, see _check_same_data).
+    data_lib.check_fingerprint(train.own_process_state(host.get("data_files"), step=start_step,
+                                                       what="the data files' fingerprint",
+                                                       key=lambda files: list(files.values())),
+                               source.fingerprint())
+    it.set_state(train.own_process_state(host["data"], step=start_step, what="the data-iterator state"))
+    guard.set_state(host.get("guards"))
+    return start_step
+
+  def _train_steps(self, it, source, guard: train.SkipGuard, logger: train.MetricsLogger, results: dict[str, Any],
+                   start_step: int, last: int) -> tuple[list[float], Any]:
+    """Steps ``start_step + 1 .. last``: the update, the progress line every ``log_every`` steps, the evaluation
+    cadence, the checkpoint, and the pre-emption poll (checkpoint, then :class:`jaxrl.train.Preempted`).
+    Returns the losses logged and the packing statistics of the last batch (None when no step ran)."""
+    cfg = self.cfg
+    flops_per_token = self.model.cfg.flops_per_token(cfg.packing.seq_len) if hasattr(
+        self.model.cfg, "flops_per_token") else None
+    peak = _peak_tflops()
+    t_last = time.perf_counter()
+    losses_seen = []
+    stats = None  # packing statistics of the last batch trained in this process (none when resumed at the end)
+    pending = None  # (step, skipped, non-finite micro-batches, loss) of the last step, read one step late
+    with train.PreemptionGuard() as preempt:
+      for step in range(start_step + 1, last + 1):
+        sharding.barrier("sft-step")
+        batch = next(it)
+        stats = batch.stats
+        self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
+        if pending is not None:  # the previous step is done by now: reading its flags does not stall
+          guard.observe(*sharding.to_host(pending))
+        pending = (step, metrics["skipped"], metrics[train.NONFINITE_KEY], metrics["loss"])
+        if step % cfg.log_every == 0 or step == cfg.steps:
+          metrics = sharding.to_host(metrics)
+          now = time.perf_counter()
+          dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
+          t_last = now
+          real = batch.stats.tokens
+          row = {"loss": float(metrics["nll_sum"]) / max(float(metrics["loss_tokens"]), 1.0),
+                 "objective": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
+                 "lr": float(metrics["lr"]), "tok/s": real / dt, "padding": 1.0 - batch.stats.efficiency,
+                 "skipped": float(self.state.skipped)}
+          if flops_per_token and peak:
+            row["mfu"] = flops_per_token * real / dt / (peak * 1e12 * jax.device_count())
+          losses_seen.append(row["loss"])
+          logger.log(step, row)
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+          ev = self.evaluate()
+          if ev:
+            logger.log(step, ev)
+            results["eval_after"] = ev
+        signum = preempt.requested()
+        if self.checkpointer is not None and (self.checkpointer.due(step) or step == last or signum):
+          guard.observe(*sharding.to_host(pending))
+          pending = None
+          self._save(step, it, source, guard)
+        if signum:
+          train.stop_preempted(signum, step, checkpointer=self.checkpointer, logger=logger, title="sft")
+      if pending is not None:
+        guard.observe(*sharding.to_host(pending))
+    return losses_seen, stats
+
+  def _save(self, step: int, it, source, guard: train.SkipGuard) -> None:
+    """Checkpoints ``step``: the state, every process's data-iterator state and data files' fingerprint (checked
+    to agree), and the guards."""
+    procs = train.gather_process_states({"data": it.get_state(), "files": source.fingerprint()})
+    _check_same_data(procs, step)
+    self.checkpointer.save(step, self.state, {"data": [p["data"] for p in procs], "step": step,
+                                              "guards": guard.state(),
+                                              "data_files": [p["files"] for p in procs]}, force=True)
 
 def _check_same_data(procs: list[dict[str, Any]], step: int) -> None:
   """Every process reads the same global stream (module docstring), so at a checkpoint every process's
@@ -396,7 +399,6 @@ def sft_skip_report(source, stats, packing: data_lib.PackingConfig) -> data_lib.
 
 def heldout_exact_match(model, tokenizer, paths, *, n: int, max_new_tokens: int, mesh=None) -> float:
   """Fraction of the first ``n`` held-out records whose greedy completion has the right answer."""
-  from jaxrl import sampling
   records = []
   for p in paths:
     with open(p, encoding="utf-8") as f:
@@ -428,5 +430,4 @@ def _peak_tflops() -> float | None:
 
 
 def _to_json(cfg) -> Any:
-  from jaxrl import config as config_lib
   return config_lib.to_dict(cfg)

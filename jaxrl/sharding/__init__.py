@@ -1,4 +1,7 @@
-"""Meshes, logical-axis sharding rules and multi-host start-up."""
+"""Meshes, logical-axis sharding rules and multi-host start-up.
+
+Layer (docs/design.md): above ``config``; may import ``config`` and JAX, no other jaxrl package.
+"""
 
 from jaxrl.sharding._distributed import (
     allgather_rows,

@@ -1,4 +1,9 @@
-"""Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging."""
+"""Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging, and the
+training-loop skeleton every trainer runs through (``_loop.py``: logger, step tail, export, results).
+
+Layer (docs/design.md): may import ``rewards``, ``sampling`` and the layers below; not the trainers or
+anything above.
+"""
 
 from jaxrl.train._checkpoint import (
     CheckpointConfig,
@@ -9,6 +14,15 @@ from jaxrl.train._checkpoint import (
 )
 from jaxrl.train._guards import GuardConfig, LossSpikeError, NonFiniteError, SkipGuard
 from jaxrl.train._logging import MetricsLogger
+from jaxrl.train._loop import (
+    eval_if_resumed_at_end,
+    export_hf,
+    finish_step,
+    process_logger,
+    resumable,
+    stop_preempted,
+    write_results,
+)
 from jaxrl.train._optim import OptimConfig, make_optimizer, make_schedule
 from jaxrl.train._preempt import Preempted, PreemptionGuard
 from jaxrl.train._step import (
@@ -36,6 +50,9 @@ __all__ = [
     "SkipGuard",
     "TrainState",
     "accumulate_gradients",
+    "eval_if_resumed_at_end",
+    "export_hf",
+    "finish_step",
     "gather_process_states",
     "init_train_state",
     "make_optimizer",
@@ -43,5 +60,9 @@ __all__ = [
     "make_train_step",
     "own_process_state",
     "place_on_mesh",
+    "process_logger",
+    "resumable",
     "split_micro_batches",
+    "stop_preempted",
+    "write_results",
 ]

@@ -70,7 +70,7 @@ class MetricsLogger:
         self._tb.add_scalar(k, v, step)
     self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
     self._jsonl.flush()
-    info = "  ".join(f"{k}={_fmt(clean[k])}" for k in self.show if k in clean)
+    info = "  ".join(f"{k}={format_metric(k, clean[k])}" for k in self.show if k in clean)
     info += self._step_times(step)
     self._progress.update(self._task, completed=step, info=info)
     if not self._live:
@@ -123,7 +123,7 @@ class MetricsLogger:
       table.add_column(col, justify="right" if col != "metric" else "left")
     for k, series in self.history.items():
       vals = [v for _, v in series]
-      table.add_row(k, _fmt(vals[0]), _fmt(vals[-1]), _fmt(min(vals)), _fmt(max(vals)))
+      table.add_row(k, *(format_metric(k, v) for v in (vals[0], vals[-1], min(vals), max(vals))))
     self.console.print(table)
     return plot
 
@@ -166,9 +166,20 @@ class MetricsLogger:
     return path
 
 
-def _fmt(v: Any) -> str:
-  if isinstance(v, float):
-    if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-      return f"{v:.3e}"
-    return f"{v:.4f}"
-  return str(v)
+RATES = ("tok/s", "tok_s/")
+"""Metric-name prefixes of throughputs, shown as whole numbers with thousands separators."""
+
+
+def format_metric(name: str, v: Any) -> str:
+  """``v`` as a person reads it in a progress line or the summary table: a throughput (a name in
+  :data:`RATES`) as a whole number (``tok_s/rollout=29,810``), any other float to 4 significant digits
+  (``loss=1.235``, ``lr=1.000e-05``), anything else as ``str``."""
+  if not isinstance(v, float) or not math.isfinite(v):
+    return str(v)
+  if name.startswith(RATES):
+    return f"{v:,.0f}"
+  if v == 0:
+    return "0"
+  if not 1e-3 <= abs(v) < 1e4:
+    return f"{v:.3e}"
+  return f"{v:.{max(0, 3 - math.floor(math.log10(abs(v))))}f}"

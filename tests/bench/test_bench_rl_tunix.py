@@ -10,7 +10,7 @@ from jaxrl.bench import rl as bench_rl
 
 
 def _worker_module():
-  path = Path(bench_rl.__file__).parent / "_rl_tunix.py"
+  path = bench_rl.PEERS["tunix"][0]
   spec = importlib.util.spec_from_file_location("_rl_tunix", path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)  # stdlib imports only at module level

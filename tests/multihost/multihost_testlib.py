@@ -24,6 +24,7 @@ def worker_env(**extra) -> dict:
   env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "rl"), str(ROOT), env.get("PYTHONPATH", "")])
   env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache")
   env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+  env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)  # a cap: JAX locks the shared directory (tests/conftest.py)
   env.update(extra)
   return env
 

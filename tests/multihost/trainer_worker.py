@@ -21,11 +21,11 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 from jaxrl import cli, sharding  # noqa: E402
 from jaxrl import config as config_lib  # noqa: E402
-from jaxrl.rl import _trainer  # noqa: E402
+from jaxrl.rl import _source  # noqa: E402
 
 rounds: list[list[int]] = []
 rollouts: list[dict] = []
-_generate = _trainer.RLTrainer._generate
+_generate = _source.EngineRollout.generate
 
 
 def _recording_generate(self, sampler, idx, request_ids, **kwargs):
@@ -35,7 +35,7 @@ def _recording_generate(self, sampler, idx, request_ids, **kwargs):
   return rollout, info
 
 
-_trainer.RLTrainer._generate = _recording_generate
+_source.EngineRollout.generate = _recording_generate
 
 if until == 0:
   rc = cli.main([kind, "--config", config, *overrides])

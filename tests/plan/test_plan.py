@@ -45,7 +45,7 @@ def test_collective_bytes_parses_hlo_results():
 
 
 def test_extrapolation_is_linear_in_layers_and_refuses_shrinking_bytes():
-  from jaxrl.plan._plan import GiB, _extrapolate
+  from jaxrl.plan._measure import GiB, _extrapolate
   small = plan.Row(program="p", status="ok", params=1 * GiB, temporaries=10 * GiB, model_flops=3.0)
   big = plan.Row(program="p", status="ok", params=2 * GiB, temporaries=8 * GiB, model_flops=5.0)
   row = _extrapolate(small, big, 1, 28, plan.get_target("cpu"))
@@ -122,6 +122,25 @@ def test_engine_budget_equals_the_engines_pool_and_a_hand_count():
   on_device = {s.device: s.data.nbytes for page in eng.pages for s in page.addressable_shards}
   assert set(on_device.values()) == {b.bytes_per_device // 2}  # k and v halves, every device alike
   assert plan.engine_budget(mc, mesh, rules, cfg.rollout.engine, 64 * 1024).check()  # a row needs more than a shard
+
+
+def test_engine_budget_of_a_block_count_equals_the_engines_pool():
+  """``rollout.engine.num_blocks`` (all devices together): 1001 blocks on 4 data shards is what the engine
+  keeps, 1000 (250 per shard, 4 KiB each per device after the tensor split)."""
+  import dataclasses
+  from jaxrl import models, sharding
+  cfg = plan.load_recipe(str(CONFIGS / "grpo_tiny.yaml"))
+  mc = cfg.model.config()
+  mesh = sharding.make_mesh({"data": 4, "tensor": 2})
+  rules = sharding.LogicalRules.default()
+  settings = dataclasses.replace(cfg.rollout.engine, kv_cache_bytes=None, num_blocks=1001)
+  b = plan.engine_budget(mc, mesh, rules, settings, 64)
+  assert (b.num_blocks, b.blocks_per_shard, b.bytes_per_device, b.budget) == (1000, 250, 250 * 4096,
+                                                                             "rollout.engine.num_blocks")
+  model = models.init_model(mc, mesh=mesh, rules=rules)
+  eng = sampling.Engine(model, None, mesh=mesh, rules=rules, num_slots=settings.num_slots, max_len=64,
+                        block_size=16, num_blocks=1001, unstack_layers=False)
+  assert eng.num_blocks == b.num_blocks and eng.kv_cache_bytes_per_device == b.bytes_per_device
 
 
 def test_info_reports_the_engine_budget(capsys):

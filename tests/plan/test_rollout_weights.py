@@ -50,7 +50,7 @@ def test_engine_reads_a_bfloat16_copy_of_float32_master_weights(tmp_path):
 def test_plan_counts_the_compute_dtype_copy_beside_the_master_weights():
   """bf16 compute: the engine's programs read bf16 weights (half the float32 bytes) and the float32 master
   weights sit beside them; float32 compute: the engine reads the master weights, nothing is copied."""
-  from jaxrl.plan._plan import model_config
+  from jaxrl.plan._measure import model_config
   from jaxrl.plan._programs import build_context, device_bytes, rollout_params
   devices = jax.devices()
   for dtype, copied in (("bfloat16", True), ("float32", False)):

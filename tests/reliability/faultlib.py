@@ -94,6 +94,7 @@ def env() -> dict:
   out["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "rl"), str(ROOT), out.get("PYTHONPATH", "")])
   out["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "jaxrl-test-xla-cache")
   out["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+  out["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)  # a cap: JAX locks the shared directory (tests/conftest.py)
   return out
 
 

@@ -65,7 +65,7 @@ def test_trainer_close_stops_launched_judges(monkeypatch):
   from jaxrl import rl
   stopped = []
   monkeypatch.setattr(rewards, "close_judges", lambda: stopped.append(True) or 0)
-  stub = types.SimpleNamespace(_preempt=types.SimpleNamespace(uninstall=lambda: None),
+  stub = types.SimpleNamespace(preemption=types.SimpleNamespace(uninstall=lambda: None),
                                rewards=types.SimpleNamespace(close=lambda: None))
   rl.RLTrainer.close(stub)
   assert stopped == [True]

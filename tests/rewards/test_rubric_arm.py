@@ -77,7 +77,7 @@ def test_arithmetic_pairs_prefer_the_correct_answer():
 def test_rubric_arm_config_errors_name_the_key(override, key, capsys):
   from pathlib import Path
 
-  from jaxrl.rl._rubric_arm import main
+  from jaxrl.cli.rubric_arm import main
   config = Path(__file__).resolve().parents[2] / "configs" / "rubric_arm_tiny.yaml"
   assert main(["--config", str(config), override]) == 2
   assert key in capsys.readouterr().err

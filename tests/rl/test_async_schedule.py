@@ -14,7 +14,14 @@ import random
 import numpy as np
 import pytest
 
-from jaxrl.rl._async import AsyncSchedule, Group, RolloutWorker, StalenessError, groups_to_rollout, staleness_metrics
+from jaxrl.rl._async_rollout import (
+    AsyncSchedule,
+    Group,
+    RolloutWorker,
+    StalenessError,
+    groups_to_rollout,
+    staleness_metrics,
+)
 from jaxrl.rl._rollout import sequence_fields
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from jaxrl import config as config_lib
 from jaxrl import info, models, quickstart, rl
+from jaxrl.cli.rl import main as main_rl
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = {
@@ -72,5 +73,5 @@ def test_bad_values_name_the_key(override, message):
 
 
 def test_main_rl_reports_config_errors(capsys):
-  assert rl.main_rl(["--config", str(CONFIGS / "grpo_tiny.yaml"), "rollout.n=0"]) == 2
+  assert main_rl(["--config", str(CONFIGS / "grpo_tiny.yaml"), "rollout.n=0"]) == 2
   assert "rollout.n must be >= 1, got 0" in capsys.readouterr().err

@@ -318,7 +318,7 @@ def test_paged_sampler_generate_keeps_the_samplers_contract(qwen3, qwen3_tokeniz
 def test_prefill_context_is_capped_at_the_rows_blocks(qwen3):
   """A prefill's context is the power-of-two bucket capped at ``max_blocks`` blocks: a 34-token prompt
   at ``max_len`` 40 runs over 40 slots (5 blocks), not 64, and still decodes the sampler's tokens."""
-  from jaxrl.sampling._engine import context_bucket
+  from jaxrl.sampling._engine_programs import context_bucket
   assert [context_bucket(n, 8, 16, 2176) for n in (5, 1000, 34_814)] == [16, 1024, 34_816]
   engine = _engine(qwen3, num_slots=2, max_len=40, num_blocks=16)
   prompt = np.random.default_rng(1).integers(0, 200, size=34).tolist()
@@ -330,3 +330,16 @@ def test_prefill_context_is_capped_at_the_rows_blocks(qwen3):
                                                                              temperature=0.0)
   assert calls == [(1, 5)]  # tables [rows, 40 / 8 blocks]
   np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def test_paged_sampler_second_call_with_the_same_shapes_compiles_nothing(qwen3):
+  """``Sampler(paged=True)`` sizes an engine to each call; a second call with the same shapes (other
+  prompts and draws) finds that engine's programs compiled and traces no program again."""
+  paged = sampling.Sampler(qwen3, None, max_len=64, eos_token_ids=[], paged=True)
+  kw = dict(n=2, max_new_tokens=9, temperature=1.0, return_top_logprobs=1)
+  paged.generate([[3, 4, 5], [6, 7]], seed=1, **kw)
+  first = dict(paged.compile_counts)
+  assert first["decode"] >= 1 and first["install"] >= 1
+  out = paged.generate([[8, 9, 10], [11, 12]], seed=2, **kw)
+  assert out.lengths.tolist() == [9] * 4
+  assert dict(paged.compile_counts) == first

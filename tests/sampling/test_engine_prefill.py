@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from jaxrl import models, sharding
-from jaxrl.sampling import _engine
+from jaxrl.sampling import _engine_programs as _engine
 
 CFG = models.ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                          num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
@@ -19,7 +19,7 @@ def _programs(mesh, *, num_slots, max_len, block_size, num_blocks, row_tile=None
   rules = sharding.LogicalRules.default()
   model = models.Transformer(CFG, rngs=nnx.Rngs(0))  # unplaced: the reference forward
   graphdef, params = nnx.split(models.shard_model(model, mesh, rules))
-  progs = _engine._programs(graphdef, CFG, mesh, rules, jnp.float32, "reference", num_slots, max_len,
+  progs = _engine.engine_programs(graphdef, CFG, mesh, rules, jnp.float32, "reference", num_slots, max_len,
                             max_len // block_size, num_blocks, block_size, row_tile)
   return model, params, progs
 

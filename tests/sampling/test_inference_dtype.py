@@ -7,8 +7,8 @@ from flax import nnx
 from sampling_testlib import HF_FIXTURES
 
 from jaxrl import sampling
-from jaxrl.sampling import _cli as sample_cli
-from jaxrl.serve import _cli as serve_cli
+from jaxrl.cli import sample as sample_cli
+from jaxrl.cli import serve as serve_cli
 
 
 def _dtypes(model) -> set:

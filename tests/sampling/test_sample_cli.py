@@ -3,7 +3,7 @@
 import numpy as np
 from sampling_testlib import HF_FIXTURES
 
-from jaxrl.sampling import _cli
+from jaxrl.cli import sample as _cli
 
 
 def test_cli_prints_greedy_completions_with_logprobs(capsys, qwen3_sampler):

@@ -6,13 +6,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from jaxrl import sampling
-from jaxrl.serve import _cli
+from jaxrl.cli import serve as _cli
 
 
 def test_engine_backend_from_the_cli(tiny_dir, tiny_sampler):
   app, args = _cli.build_app(["--model", str(tiny_dir), "--backend", "engine", "--num-slots", "2",
                               "--block-size", "8", "--num-blocks", "40", "--max-len", "64", "--max-top-logprobs", "3",
-                              "--dtype", "float32"])
+                              "--dtype", "float32", "--served-model-name", "x"])
   engine = app.state.batcher.backend
   assert isinstance(engine, sampling.Engine) and args.backend == "engine"
   assert (engine.num_slots, engine.block_size, engine.num_blocks, engine.max_len, engine.max_top_logprobs) == \

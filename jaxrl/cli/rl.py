@@ -5,23 +5,24 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jaxrl import config as config_lib
+from jaxrl import sharding
+from jaxrl.envs import AgenticRLConfig, AgenticTrainer
+from jaxrl.rl import RLConfig, make_trainer
 
-def main_rl(argv: list[str] | None = None) -> int:
+
+def main(argv: list[str] | None = None) -> int:
   """Runs RL from a YAML config plus overrides; returns the exit status (2 on a config error)."""
-  from jaxrl import config as config_lib
-  from jaxrl.rl._config import RLConfig
   parser = argparse.ArgumentParser(prog="jaxrl rl", description="GRPO / DAPO / GRPO+ / decoupled PPO")
   parser.add_argument("--config", help="YAML config file")
   parser.add_argument("--target", default=None,
                       help="apply the recipe's plan.overrides for this hardware target first (docs/scaling.md)")
   parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
   ns = parser.parse_args(argv)
-  from jaxrl import sharding
   sharding.initialize()  # multi-host when JAXRL_COORDINATOR/... or JAXRL_AUTO_DISTRIBUTED=1 are set (docs/multihost.md)
   config_cls = RLConfig
   try:
     if ns.config and "env" in config_lib.read_yaml(ns.config):  # agentic RL: jaxrl.envs (docs/agentic.md)
-      from jaxrl.envs import AgenticRLConfig
       config_cls = AgenticRLConfig
     cfg = config_lib.load(config_cls, ns.config, ns.overrides)
     if ns.target:  # the recipe's variant for that hardware, then the command line's overrides again
@@ -30,10 +31,8 @@ def main_rl(argv: list[str] | None = None) -> int:
     print(f"jaxrl rl: config error: {e}", file=sys.stderr)
     return 2
   if config_cls is not RLConfig:
-    from jaxrl.envs import AgenticTrainer
     trainer = AgenticTrainer(cfg)
   else:  # with asynchronous: AReaL / one-off pipelining on rollout + trainer sub-meshes (docs/async.md)
-    from jaxrl.rl._async import make_trainer
     trainer = make_trainer(cfg)
   try:
     out = trainer.run()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jaxrl import models, sampling
+
 
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="jaxrl sample", description="sample completions from a local HF checkpoint")
@@ -29,21 +31,19 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
-def load_inference_model(model_dir, *, dtype: str | None = None, param_dtype: str | None = None):
-  """A checkpoint loaded for inference only (``jaxrl sample``, ``jaxrl serve``): weights stored in the
-  compute dtype unless ``param_dtype`` says otherwise, so no float32 master copy (which only training
-  needs) sits beside the sampler's compute-dtype weights."""
-  from jaxrl import models
+def load_inference_model(model_dir, *, dtype: str | None = None, param_dtype: str | None = None, mesh=None,
+                         rules=None):
+  """A checkpoint loaded for inference only (``jaxrl sample``, ``jaxrl serve``, ``jaxrl eval``): weights stored
+  in the compute dtype unless ``param_dtype`` says otherwise, so no float32 master copy (which only training
+  needs) sits beside the sampler's compute-dtype weights; placed on ``mesh`` under ``rules`` when given."""
   if param_dtype is None:
     param_dtype = models.config_from_dir(model_dir, dtype=dtype).dtype
-  return models.load_pretrained(model_dir, dtype=dtype, param_dtype=param_dtype)
+  return models.load_pretrained(model_dir, dtype=dtype, param_dtype=param_dtype, mesh=mesh, rules=rules)
 
 
 def main(argv: list[str] | None = None) -> int:
   """Entry point of ``jaxrl sample``; returns the exit status."""
   args = build_parser().parse_args(argv)
-  from jaxrl import models, sampling
-
   try:
     tokenizer = models.load_tokenizer(args.tokenizer or args.model)
     model = load_inference_model(args.model, dtype=args.dtype, param_dtype=args.param_dtype)

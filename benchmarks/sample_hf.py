@@ -2,7 +2,7 @@
 through Hugging Face's own continuous batching.
 
 Runs inside the TRL peer virtualenv (``jaxrl bench rl --setup trl``: torch CPU + transformers) as a
-plain script that imports no jaxrl module: ``python _sample_hf.py SPEC.json``, where the spec holds
+plain script that imports no jaxrl module: ``python benchmarks/sample_hf.py SPEC.json``, where the spec holds
 ``hf_dir``, ``prompts`` (token id lists), ``lengths`` (new tokens per prompt), ``n`` (samples per
 prompt), ``slots`` (rows per forward, as the jaxrl engine's) and ``threads``. Prints one JSON line: ``method``, ``seconds``, ``real_tokens``, ``tok_s``.
 
@@ -84,7 +84,7 @@ def run(spec: dict) -> dict:
 
 def main(argv: list[str]) -> int:
   if len(argv) != 1:
-    print("usage: _sample_hf.py SPEC.json", file=sys.stderr)
+    print("usage: sample_hf.py SPEC.json", file=sys.stderr)
     return 2
   with open(argv[0]) as f:
     spec = json.load(f)

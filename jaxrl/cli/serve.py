@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from jaxrl import models, sampling
+from jaxrl.cli.sample import load_inference_model
+from jaxrl.rl import EngineConfig, build_engine
+from jaxrl.serve import ServerThread, create_app
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_backend(args: argparse.Namespace, model, tokenizer):
   """The generate backend the parsed ``args`` ask for (``--backend`` and its knobs)."""
-  from jaxrl import sampling
   if args.backend == "sampler":
     return sampling.Sampler(model, tokenizer, max_len=args.max_len)
   for key in ("num_slots", "block_size", "kv_cache_bytes", "num_blocks"):
@@ -47,20 +52,15 @@ def make_backend(args: argparse.Namespace, model, tokenizer):
   num_blocks = args.num_blocks
   if num_blocks is None and args.kv_cache_bytes is None:
     num_blocks = args.num_slots * (-(-args.max_len // args.block_size) + 1)
-  return sampling.Engine(model, tokenizer, num_slots=args.num_slots, max_len=args.max_len,
-                         block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes, num_blocks=num_blocks,
-                         max_top_logprobs=min(args.max_top_logprobs, model.cfg.vocab_size))
+  settings = EngineConfig(num_slots=args.num_slots, block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes,
+                          num_blocks=num_blocks)
+  return build_engine(model, tokenizer, settings, max_len=args.max_len,
+                      max_top_logprobs=min(args.max_top_logprobs, model.cfg.vocab_size))
 
 
 def build_app(argv: list[str] | None = None):
   """``(app, args)`` for ``jaxrl serve`` arguments, without starting the server (tests, embedding)."""
   args = build_parser().parse_args(argv)
-  from pathlib import Path
-
-  from jaxrl import models
-  from jaxrl.sampling._cli import load_inference_model
-  from jaxrl.serve._app import create_app
-
   tokenizer = models.load_tokenizer(args.tokenizer or args.model)
   model = load_inference_model(args.model, dtype=args.dtype, param_dtype=args.param_dtype)
   backend = make_backend(args, model, tokenizer)
@@ -72,8 +72,6 @@ def build_app(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
   """Entry point of ``jaxrl serve``; returns the exit status."""
-  from jaxrl.serve._app import ServerThread
-
   try:
     app, args = build_app(argv)
   except (FileNotFoundError, ValueError, KeyError) as e:

@@ -1,4 +1,7 @@
-"""Target hardware for ``jaxrl plan``: topology arguments and the per-device numbers estimates use.
+"""Target hardware (a leaf: pure data, stdlib imports only): topology arguments and per-device numbers.
+
+``jaxrl plan`` compiles for these targets and a recipe's ``plan`` section names them; JAX is imported only
+when a target's compile-only devices are asked for.
 
 TPU targets are compile-only devices from libtpu (``jax.experimental.topologies.get_topology_desc``
 with ``platform="tpu"``); NVIDIA targets are compile-only devices of the CUDA PJRT plugin, described

@@ -1,0 +1,58 @@
+"""Evaluation as papers report it: ``n`` samples per problem, scored by a reward, reported as avg@k, unbiased
+pass@k and maj@k (``jaxrl eval``; ``docs/eval.md``).
+
+Layer (docs/design.md): above ``rl`` beside ``plan``, ``serve`` and ``bench``; it uses the public APIs of
+``rl`` (prompt records), ``rewards`` (scoring, answer normalisation) and ``train`` (the progress logger).
+The metric functions (:mod:`jaxrl.rewards`' avg@k, pass@k, maj@k) are pure (numpy and the answer
+normalisation only) and shared with the RL trainers' held-out evaluation.
+"""
+
+from jaxrl.rewards import (  # the metrics live with the rewards: the RL trainer's evaluation reports them too
+  DEFAULT_METRICS,
+  avg_at_k,
+  maj_at_k,
+  majority_index,
+  parse_metrics,
+  pass_at_k,
+  problem_metrics,
+  summarize,
+)
+from jaxrl.eval._run import (
+  RECORDS,
+  SETTINGS,
+  SUMMARY,
+  TASKS,
+  EvalSettings,
+  evaluate,
+  load_problems,
+  make_scorer,
+  markdown,
+  problem_id,
+  read_done,
+  summary,
+  write_summary,
+)
+
+__all__ = [
+  "DEFAULT_METRICS",
+  "RECORDS",
+  "SETTINGS",
+  "SUMMARY",
+  "TASKS",
+  "EvalSettings",
+  "avg_at_k",
+  "evaluate",
+  "load_problems",
+  "maj_at_k",
+  "majority_index",
+  "make_scorer",
+  "markdown",
+  "parse_metrics",
+  "pass_at_k",
+  "problem_id",
+  "problem_metrics",
+  "read_done",
+  "summarize",
+  "summary",
+  "write_summary",
+]
