@@ -116,7 +116,7 @@ def test_bad_jsonl_line_is_one_line_error_with_file_and_line(tmp_path, tokenizer
   assert len(err) == 1 and f"{path}:2" in err[0], err
 
 
-@pytest.mark.parametrize("seed", [2])
+@pytest.mark.parametrize("seed", [0])
 def test_dpo_lowers_the_loss_and_raises_reward_accuracy_on_its_pairs(tmp_path, seed):
   """The same 8 train pairs every step (n_train = pairs): DPO must fit them. Seeds 0, 1, 2 gave loss
   0.693 -> (mean of the last 3 steps) 0.0013 / 0.036 / 0.014 and reward accuracy 1.0 on each of the last 3
