@@ -3,6 +3,7 @@ by hand, and parity with TRL 0.19.1 (fixtures from tests/fixtures/make_preferenc
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 
 import jax
@@ -278,3 +279,130 @@ def test_sequence_logps_global_segment_ids_without_map():
   np.testing.assert_allclose(losses.sequence_logps(lp, seg, mask, 3, "mean"), [-2.0, -5.5, -3.5])
   with pytest.raises(ValueError, match="mode"):
     losses.sequence_logps(lp, seg, mask, 3, "max")
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity with TRL 0.19.1 (tests/fixtures/make_preference_fixtures.py, float64).
+
+
+@pytest.fixture(scope="module")
+def trl():
+  spec = importlib.util.spec_from_file_location("fixture_digest", FIXTURES.parent / "fixture_digest.py")
+  digest = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(digest)
+  data = dict(np.load(FIXTURES))
+  script = FIXTURES.parent / "make_preference_fixtures.py"
+  assert str(data["source_sha256"]) == digest.source_digest(script), (
+      f"{FIXTURES.name} was written by another version of {script.name}: regenerate it (its docstring says how)")
+  assert str(data["trl_version"]) == "0.19.1"
+  return data
+
+
+def _ours(name, args, **opts):
+  """Per-pair losses, metrics and the gradients of their sum w.r.t. every positional input (x64)."""
+  with enable_x64():
+    jx = [jnp.asarray(a) for a in args]
+    fn = lambda *a: losses.preference_loss(name, *a, **opts)  # noqa: E731
+    loss, metrics = fn(*jx)
+    grads = jax.grad(lambda *a: fn(*a)[0].sum(), argnums=tuple(range(len(jx))))(*jx)
+    return np.asarray(loss), {k: np.asarray(v) for k, v in metrics.items()}, [np.asarray(g) for g in grads]
+
+
+@pytest.mark.parametrize("case,name", [("sigmoid", "sigmoid"), ("cdpo", "sigmoid"), ("robust", "robust"),
+                                       ("hinge", "hinge"), ("ipo", "ipo")])
+def test_dpo_family_matches_trl(trl, case, name):
+  opts = {"beta": float(trl[f"{case}/beta"])}
+  if name in ("sigmoid", "robust"):
+    opts["label_smoothing"] = float(trl[f"{case}/label_smoothing"])
+  loss, m, grads = _ours(name, [trl[k] for k in ("c", "r", "rc", "rr")], **opts)
+  np.testing.assert_allclose(loss, trl[f"{case}/losses"], rtol=1e-5)
+  for g, k in zip(grads, ("c", "r", "rc", "rr")):
+    np.testing.assert_allclose(g, trl[f"{case}/grad_{k}"], rtol=1e-5, atol=1e-12)
+  np.testing.assert_allclose(m["rewards_chosen"], trl[f"{case}/chosen_rewards"], rtol=1e-5)
+  np.testing.assert_allclose(m["rewards_rejected"], trl[f"{case}/rejected_rewards"], rtol=1e-5)
+
+
+def test_ipo_follows_the_paper_and_trl_is_ipo_on_mean_logprobs(trl):
+  """The documented difference: TRL's trainer feeds IPO per-token mean log-probs; the paper sums."""
+  c, r, rc, rr, lc, lr = (trl[k] for k in ("c", "r", "rc", "rr", "lc", "lr"))
+  ours_sum, _, _ = _ours("ipo", [c, r, rc, rr], beta=0.5)
+  assert np.max(np.abs(ours_sum / trl["ipo_trl/losses"] - 1)) > 0.1
+  with enable_x64():
+    fn = lambda c, r, rc, rr: losses.ipo(c / lc, r / lr, rc / lc, rr / lr, beta=0.5)[0]  # noqa: E731
+    jx = [jnp.asarray(a) for a in (c, r, rc, rr)]
+    loss = np.asarray(fn(*jx))
+    grads = jax.grad(lambda *a: fn(*a).sum(), argnums=(0, 1, 2, 3))(*jx)
+  np.testing.assert_allclose(loss, trl["ipo_trl/losses"], rtol=1e-5)
+  for g, k in zip(grads, ("c", "r", "rc", "rr")):
+    np.testing.assert_allclose(np.asarray(g), trl[f"ipo_trl/grad_{k}"], rtol=1e-5, atol=1e-12)
+
+
+def test_simpo_matches_trl_cpo(trl):
+  loss, m, grads = _ours("simpo", [trl["c"], trl["r"]], beta=2.0, gamma=0.7, label_smoothing=0.1,
+                         chosen_lengths=trl["lc"], rejected_lengths=trl["lr"])
+  np.testing.assert_allclose(loss, trl["simpo/losses"], rtol=1e-5)
+  np.testing.assert_allclose(grads[0], trl["simpo/grad_c"], rtol=1e-5, atol=1e-12)
+  np.testing.assert_allclose(grads[1], trl["simpo/grad_r"], rtol=1e-5, atol=1e-12)
+  np.testing.assert_allclose(m["rewards_chosen"], trl["simpo/chosen_rewards"], rtol=1e-5)
+
+
+def test_orpo_odds_ratio_term_matches_trl(trl):
+  """TRL's ``odds_ratio_loss`` returns ``β log σ(·)``, which its trainer subtracts from the NLL."""
+  loss, _, grads = _ours("orpo", [trl["c"], trl["r"]], beta=0.25, chosen_lengths=trl["lc"],
+                         rejected_lengths=trl["lr"], chosen_nll=np.zeros(len(trl["c"])))
+  np.testing.assert_allclose(loss, -trl["orpo/losses"], rtol=1e-5)
+  np.testing.assert_allclose(grads[0], -trl["orpo/grad_c"], rtol=1e-5, atol=1e-12)
+  np.testing.assert_allclose(grads[1], -trl["orpo/grad_r"], rtol=1e-5, atol=1e-12)
+
+
+def test_kto_matches_trl(trl):
+  des = trl["kto/desirable"]
+  with enable_x64():
+    z0 = losses.kto_kl_reference(jnp.asarray(trl["kto/kl_logps"]), jnp.asarray(trl["kto/kl_ref_logps"]))
+    fn = lambda lp: losses.kto_loss(lp, jnp.asarray(trl["kto/ref_logps"]), des, beta=0.2,  # noqa: E731
+                                    desirable_weight=1.0, undesirable_weight=1.5, kl_ref=z0)[0]
+    lp = jnp.asarray(trl["kto/logps"])
+    loss = np.asarray(fn(lp))
+    grad = np.asarray(jax.grad(lambda a: fn(a).sum())(lp))
+  assert float(z0) > 0.0  # the KL point is active in this fixture
+  np.testing.assert_allclose(np.concatenate([loss[des], loss[~des]]), trl["kto/losses"], rtol=1e-5)
+  np.testing.assert_allclose(grad, trl["kto/grad_logps"], rtol=1e-5, atol=1e-12)
+
+
+def test_bradley_terry_matches_trl_reward_trainer(trl):
+  with enable_x64():
+    fn = lambda a, b: jnp.mean(losses.bradley_terry_loss(  # noqa: E731
+        a, b, margin=jnp.asarray(trl["bt/margin"]), center_coef=0.05)[0])
+    jx = [jnp.asarray(trl["bt/rc"]), jnp.asarray(trl["bt/rr"])]
+    loss = float(fn(*jx))
+    grads = jax.grad(fn, argnums=(0, 1))(*jx)
+  assert loss == pytest.approx(float(trl["bt/loss"]), rel=1e-5)
+  np.testing.assert_allclose(np.asarray(grads[0]), trl["bt/grad_rc"], rtol=1e-5, atol=1e-12)
+  np.testing.assert_allclose(np.asarray(grads[1]), trl["bt/grad_rr"], rtol=1e-5, atol=1e-12)
+
+
+def _np_gkd(student, teacher, labels, beta, temperature):
+  """TRL's generalised JSD: β=0 is KL(teacher‖student), β=1 KL(student‖teacher), else
+  β KL(T‖M) + (1-β) KL(S‖M) with M = β T + (1-β) S; mean over the unmasked tokens."""
+  def log_softmax(z):
+    z = z / temperature
+    return z - np.logaddexp.reduce(z, axis=-1, keepdims=True)
+  s, t = log_softmax(student), log_softmax(teacher)
+  if beta == 0.0:
+    tok = np.sum(np.exp(t) * (t - s), -1)
+  elif beta == 1.0:
+    tok = np.sum(np.exp(s) * (s - t), -1)
+  else:
+    m = np.logaddexp(s + np.log(1 - beta), t + np.log(beta))
+    tok = beta * np.sum(np.exp(t) * (t - m), -1) + (1 - beta) * np.sum(np.exp(s) * (s - m), -1)
+  mask = labels != -100
+  return np.sum(tok[mask]) / np.sum(mask)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_gkd_fixture_is_the_generalised_jsd(trl, beta):
+  """Validates the recorded TRL GKD values (for the distillation loss) against an independent numpy JSD."""
+  s, t, labels, temp = trl["gkd/student"], trl["gkd/teacher"], trl["gkd/labels"], float(trl["gkd/temperature"])
+  assert float(trl[f"gkd_{beta}/loss"]) == pytest.approx(_np_gkd(s, t, labels, beta, temp), rel=1e-10)
+  fd = _fd_grad(lambda x: np.atleast_1d(_np_gkd(x.reshape(s.shape), t, labels, beta, temp)), [s.reshape(-1)])[0]
+  np.testing.assert_allclose(trl[f"gkd_{beta}/grad_student"].reshape(-1), fd, rtol=1e-5, atol=1e-9)
