@@ -151,6 +151,23 @@ def test_dpo_metrics_hand_worked():
   np.testing.assert_allclose(loss, [0.5981388693, 0.7981388693, 0.6931471806], rtol=1e-6)
 
 
+@pytest.mark.parametrize("name", sorted(losses.PREFERENCE_LOSSES))
+def test_every_loss_jits_and_vmaps(name):
+  xs, lc, lr = _inputs(4)
+  xs = [jnp.asarray(x, jnp.float32) for x in xs]
+  opts = {"beta": 0.3}
+  if name in ("simpo", "orpo"):
+    opts.update(chosen_lengths=jnp.asarray(lc, jnp.float32), rejected_lengths=jnp.asarray(lr, jnp.float32))
+  eager, m = losses.preference_loss(name, *xs, **opts)
+  jitted, mj = jax.jit(lambda *a: losses.preference_loss(name, *a, **opts))(*xs)
+  np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), rtol=1e-6)
+  assert set(mj) == set(m) >= {"rewards_chosen", "rewards_rejected", "margins", "accuracy"}
+  one = jax.vmap(lambda c, r, rc, rr: losses.PREFERENCE_LOSSES[name](c[None], r[None], rc[None], rr[None],
+                                                                     beta=0.3)[0][0])
+  if name not in ("simpo", "orpo"):
+    np.testing.assert_allclose(np.asarray(one(*xs)), np.asarray(eager), rtol=1e-6)
+
+
 def test_preference_loss_rejects_unused_options_and_unknown_names():
   x = jnp.zeros(2)
   with pytest.raises(ValueError, match="does not use gamma"):
@@ -171,8 +188,8 @@ def test_kto_loss_and_reference_point():
   beta, wd, wu = 0.2, 1.0, 1.5
   with enable_x64():
     z0 = losses.kto_kl_reference(jnp.asarray(kl_lp), jnp.asarray(kl_ref))
-    f = lambda a, b: losses.kto_loss(a, b, des, beta=beta, desirable_weight=wd, undesirable_weight=wu,  # noqa: E731
-                                     kl_ref=z0)[0]
+    def f(a, b):
+      return losses.kto_loss(a, b, des, beta=beta, desirable_weight=wd, undesirable_weight=wu, kl_ref=z0)[0]
     got = np.asarray(f(jnp.asarray(lp), jnp.asarray(ref)))
     g = np.asarray(jax.grad(lambda a: f(a, jnp.asarray(ref)).sum())(jnp.asarray(lp)))
     g_kl = np.asarray(jax.grad(lambda a: losses.kto_kl_reference(a, jnp.asarray(kl_ref)))(jnp.asarray(kl_lp)))
@@ -232,11 +249,13 @@ def _pack(seqs, order, row_len, per_row):
   return lp, seg, mask, smap, where
 
 
-@pytest.mark.parametrize("name,mode", [("sigmoid", "sum"), ("ipo", "mean"), ("simpo", "mean"), ("orpo", "sum")])
+@pytest.mark.parametrize("name,mode",
+                         [("sigmoid", "sum"), ("ipo", "mean"), ("simpo", "mean"), ("orpo", "sum")])
 def test_packing_invariance(name, mode):
   rng = np.random.default_rng(11)
   pairs = 6
-  seqs = [(int(rng.integers(1, 4)), -rng.uniform(0.05, 1.5, int(rng.integers(2, 9)))) for _ in range(2 * pairs)]
+  seqs = [(int(rng.integers(1, 4)), -rng.uniform(0.05, 1.5, int(rng.integers(2, 9))))
+          for _ in range(2 * pairs)]
   ref = -rng.uniform(2, 10, 2 * pairs)
   # Sequence 2i is the chosen and 2i+1 the rejected of pair i. Layout A: a pair shares a row.
   # Layout B: one sequence per row, shuffled, longer rows. Layout C: three per row, pairs split apart.
@@ -293,7 +312,8 @@ def trl():
   data = dict(np.load(FIXTURES))
   script = FIXTURES.parent / "make_preference_fixtures.py"
   assert str(data["source_sha256"]) == digest.source_digest(script), (
-      f"{FIXTURES.name} was written by another version of {script.name}: regenerate it (its docstring says how)")
+      f"{FIXTURES.name} was written by another version of {script.name}: regenerate it "
+      "(its docstring says how)")
   assert str(data["trl_version"]) == "0.19.1"
   return data
 
@@ -402,7 +422,9 @@ def _np_gkd(student, teacher, labels, beta, temperature):
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_gkd_fixture_is_the_generalised_jsd(trl, beta):
   """Validates the recorded TRL GKD values (for the distillation loss) against an independent numpy JSD."""
-  s, t, labels, temp = trl["gkd/student"], trl["gkd/teacher"], trl["gkd/labels"], float(trl["gkd/temperature"])
+  s, t, labels = trl["gkd/student"], trl["gkd/teacher"], trl["gkd/labels"]
+  temp = float(trl["gkd/temperature"])
   assert float(trl[f"gkd_{beta}/loss"]) == pytest.approx(_np_gkd(s, t, labels, beta, temp), rel=1e-10)
-  fd = _fd_grad(lambda x: np.atleast_1d(_np_gkd(x.reshape(s.shape), t, labels, beta, temp)), [s.reshape(-1)])[0]
+  fd = _fd_grad(lambda x: np.atleast_1d(_np_gkd(x.reshape(s.shape), t, labels, beta, temp)),
+                [s.reshape(-1)])[0]
   np.testing.assert_allclose(trl[f"gkd_{beta}/grad_student"].reshape(-1), fd, rtol=1e-5, atol=1e-9)
