@@ -320,12 +320,14 @@ def sequence_logps(
 ) -> jax.Array:  # [S]
   """Sequence log-probs ``[S]`` from packed rows: ``Σ_t m·log π`` (``sum``) or its masked mean (``mean``).
 
-  Rows are laid out as :mod:`jaxrl.data` packs them: ``segment_ids`` 1..K per row, 0 padding; ``mask``
-  marks the completion tokens (the prompt's are 0). ``sequence_map[r, k]`` is the global index
-  (0..S-1) of segment ``k`` of row ``r`` (-1: none; column 0 is padding); without it the segment ids
-  themselves are global (1..S). A pair's chosen and rejected may share a row or not: the result
-  depends only on which tokens belong to which sequence, not on the layout. ``mean`` is the
-  length-normalised log-prob of SimPO / ORPO / TRL's IPO; sequences without tokens give 0.
+  Rows are laid out as :mod:`jaxrl.data` packs them: ``segment_ids`` 1..K per row, 0 padding;
+  ``mask`` marks the completion tokens (the prompt's are 0). ``sequence_map[r, k]`` is the global
+  index (0..S-1) of segment ``k`` of row ``r`` (-1: none; column 0 is padding); without it the segment
+  ids themselves are global (1..S). For rows from :func:`jaxrl.data.pack_samples`,
+  ``sequence_map[r, 1 + k] = rows[r][k]`` with ``rows = jaxrl.data.assign_rows(...)`` (same
+  arguments). A pair's chosen and rejected may share a row or not: the result depends only on which
+  tokens belong to which sequence, not on the layout. ``mean`` is the length-normalised log-prob of
+  SimPO / ORPO / TRL's IPO; sequences without tokens give 0.
   """
   if mode not in SEQUENCE_LOGP_MODES:
     raise ValueError(f"mode must be one of {SEQUENCE_LOGP_MODES}, got {mode!r}")

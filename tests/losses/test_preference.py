@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax import enable_x64
 
-from jaxrl import losses
+from jaxrl import data, losses
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "preference_trl.npz"
 B = 16
@@ -288,6 +288,30 @@ def test_packing_invariance(name, mode):
       np.testing.assert_allclose(g, g0, rtol=1e-6, atol=1e-9)
   lengths = losses.sequence_lengths(layouts[2][1], layouts[2][2], 2 * pairs, sequence_map=layouts[2][3])
   np.testing.assert_array_equal(np.asarray(lengths), [len(t) for _, t in seqs])
+
+
+@pytest.mark.parametrize("method,seq_len", [("none", 16), ("best_fit", 24), ("first_fit_decreasing", 40)])
+def test_sequence_logps_from_the_data_packer(method, seq_len):
+  """Rows from ``jaxrl.data.pack_samples``; ``sequence_map`` from ``assign_rows`` (same deterministic rows)."""
+  rng = np.random.default_rng(13)
+  vocab = 9
+  table = np.log(rng.dirichlet(np.ones(vocab), vocab))  # [V, V] log p(next | token)
+  samples, want = [], []
+  for _ in range(10):
+    prompt, completion = int(rng.integers(1, 5)), int(rng.integers(1, 8))
+    tok = rng.integers(0, vocab, prompt + completion).astype(np.int32)
+    mask = np.r_[np.zeros(prompt), np.ones(completion)].astype(np.float32)
+    samples.append({"tokens": tok, "loss_mask": mask, "turn_id": mask.astype(np.int32)})
+    want.append(sum(table[tok[t], tok[t + 1]] for t in range(prompt - 1, prompt + completion - 1)))
+  rows = data.assign_rows([len(x["tokens"]) for x in samples], seq_len, method=method)
+  packed = data.pack_samples(samples, seq_len, method=method)
+  smap = -np.ones((len(rows), 1 + max(map(len, rows))), np.int32)
+  for r, members in enumerate(rows):
+    smap[r, 1:1 + len(members)] = members
+  token_lp = table[packed["tokens"], packed["targets"]]  # [R, T]
+  got = losses.sequence_logps(token_lp, packed["segment_ids"], packed["loss_mask"], len(samples),
+                              sequence_map=smap)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
 
 
 def test_sequence_logps_global_segment_ids_without_map():
