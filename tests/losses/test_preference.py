@@ -292,7 +292,7 @@ def test_packing_invariance(name, mode):
 
 @pytest.mark.parametrize("method,seq_len", [("none", 16), ("best_fit", 24), ("first_fit_decreasing", 40)])
 def test_sequence_logps_from_the_data_packer(method, seq_len):
-  """Rows from ``jaxrl.data.pack_samples``; ``sequence_map`` from ``assign_rows`` (same deterministic rows)."""
+  """Rows from ``jaxrl.data.pack_samples``; ``sequence_map`` from ``assign_rows`` (the same rows)."""
   rng = np.random.default_rng(13)
   vocab = 9
   table = np.log(rng.dirichlet(np.ones(vocab), vocab))  # [V, V] log p(next | token)
