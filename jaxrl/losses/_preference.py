@@ -11,12 +11,12 @@ TRL calls it ``logits``) the registry :data:`PREFERENCE_LOSSES` holds:
 
 | name | per-pair loss | source |
 | --- | --- | --- |
-| ``sigmoid`` | -(1-ε) log σ(βh) - ε log σ(-βh) | DPO (Rafailov et al. 2023); ε > 0: conservative DPO (cDPO) |
+| ``sigmoid`` | -(1-ε) log σ(βh) - ε log σ(-βh) | DPO (Rafailov et al. 2023); ε > 0: cDPO |
 | ``robust`` | ((1-ε)(-log σ(βh)) - ε(-log σ(-βh))) / (1-2ε) | robust DPO (Chowdhury et al. 2024) |
 | ``ipo`` | (h - 1/(2β))² | IPO (Azar et al. 2023) |
 | ``hinge`` | max(0, 1 - βh) | SLiC-HF (Zhao et al. 2023) |
-| ``simpo`` | -log σ(β·ℓ̄_w - β·ℓ̄_l - γ), ℓ̄ = log π(y)/|y| | SimPO (Meng et al. 2024), reference-free |
-| ``orpo`` | NLL(y_w) - λ log σ(log odds(ℓ̄_w) - log odds(ℓ̄_l)) | ORPO (Hong et al. 2024), λ = ``beta`` |
+| ``simpo`` | -log σ(β·ℓ̄_w - β·ℓ̄_l - γ), ℓ̄ = log π(y)/|y| | SimPO (Meng et al. 2024) |
+| ``orpo`` | NLL(y_w) - λ log σ(log odds(ℓ̄_w) - log odds(ℓ̄_l)), λ = β | ORPO (Hong et al. 2024) |
 
 The unpaired KTO loss (:func:`kto_loss`, with :func:`kto_kl_reference`) and the reward-model loss
 (:func:`bradley_terry_loss`) are separate functions. Sequence log-probs come from packed rows through
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 PreferenceLoss = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
 PREFERENCE_LOSSES: dict[str, PreferenceLoss] = {}
-"""Pairwise preference losses by name; each ``fn(chosen, rejected, ref_chosen, ref_rejected, *, beta, ...)``."""
+"""Pairwise preference losses by name: ``fn(chosen, rejected, ref_chosen, ref_rejected, *, beta, ...)``."""
 
 SEQUENCE_LOGP_MODES = ("sum", "mean")
 
@@ -93,14 +93,15 @@ def dpo_sigmoid(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejecte
   """
   lr_c, lr_r = _log_ratios(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
   h = lr_c - lr_r  # [B]
-  losses = -(1.0 - label_smoothing) * jax.nn.log_sigmoid(beta * h) - label_smoothing * jax.nn.log_sigmoid(-beta * h)
+  losses = (-(1.0 - label_smoothing) * jax.nn.log_sigmoid(beta * h)
+            - label_smoothing * jax.nn.log_sigmoid(-beta * h))
   return losses, _pair_metrics(beta * lr_c, beta * lr_r)
 
 
 @_register("robust")
 def dpo_robust(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_logps=None, *,
                beta: float = 0.1, label_smoothing: float = 0.0):
-  """Robust DPO (Chowdhury et al. 2024, "Provably Robust DPO", eq. 8): unbiased under label flips ε.
+  """Robust DPO (Chowdhury et al. 2024, "Provably Robust DPO"): unbiased under label flips ε.
 
   ``ℓ = ((1-ε)(-log σ(βh)) - ε(-log σ(-βh))) / (1 - 2ε)``, ε < 1/2 the flip rate; ε = 0 is DPO.
   Same metrics as :func:`dpo_sigmoid`.
@@ -229,7 +230,7 @@ def kto_kl_reference(
 ) -> jax.Array:  # []
   """KTO's reference point ``z0 = max(0, mean_j (log π(y'_j|x_j) - log π_ref(y'_j|x_j)))``, detached.
 
-  Ethayarajh et al. 2024 (KTO, eq. 8) estimate ``KL(π || π_ref)`` from *mismatched* pairs: as in TRL's
+  Ethayarajh et al. 2024 (KTO) estimate ``KL(π || π_ref)`` from *mismatched* pairs: as in TRL's
   ``KTOTrainer`` (``_get_kl_dataset``) prompt ``x_j`` is paired with the completion of example
   ``j-1`` of the batch (completions rotated by one), and both models score those pairs. ``mask``
   drops padding entries; the mean is over the entries given (pass the whole global batch for a
@@ -251,12 +252,12 @@ def kto_loss(
     undesirable_weight: float = 1.0,
     kl_ref: jax.Array | float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """KTO (Ethayarajh et al. 2024, eq. 8) on unpaired, labelled completions; per-example losses ``[N]``.
+  """KTO (Ethayarajh et al. 2024, the KTO loss) on unpaired, labelled completions; losses ``[N]``.
 
   With ``r = log π(y|x) - log π_ref(y|x)`` and ``z0 = kl_ref`` (:func:`kto_kl_reference`):
-  desirable ``ℓ = λ_D (1 - σ(β(r - z0)))``, undesirable ``ℓ = λ_U (1 - σ(β(z0 - r)))`` — the paper's
-  ``λ_y - v(x, y)``, as TRL's ``KTOTrainer.kto_loss``. Metrics ``[N]``: ``rewards = β r`` (detached).
-  The caller averages over the examples.
+  desirable ``ℓ = λ_D (1 - σ(β(r - z0)))``, undesirable ``ℓ = λ_U (1 - σ(β(z0 - r)))``: the
+  paper's ``λ_y - v(x, y)``, as TRL's ``KTOTrainer.kto_loss``. Metrics ``[N]``: ``rewards = β r``
+  (detached). The caller averages over the examples.
   """
   r = _float(logps) - _float(ref_logps)  # [N]
   z0 = jax.lax.stop_gradient(_float(kl_ref))
@@ -317,14 +318,16 @@ def sequence_logps(
     mode: str = "sum",
     sequence_map: jax.Array | None = None,  # [R, K+1]
 ) -> jax.Array:  # [S]
-  """Sequence log-probs ``[S]`` from packed rows: ``Σ_t m·log π`` (``sum``) or its mean over ``m`` (``mean``).
+  """Sequence log-probs ``[S]`` from packed rows: ``Σ_t m·log π`` (``sum``) or its masked mean (``mean``).
 
-  Rows are laid out as :mod:`jaxrl.data` packs them: ``segment_ids`` 1..K per row, 0 padding; ``mask``
-  marks the completion tokens (the prompt's are 0). ``sequence_map[r, k]`` is the global index
-  (0..S-1) of segment ``k`` of row ``r`` (-1: none; column 0 is padding); without it the segment ids
-  themselves are global (1..S). A pair's chosen and rejected may share a row or not: the result
-  depends only on which tokens belong to which sequence, not on the layout. ``mean`` is the
-  length-normalised log-prob of SimPO / ORPO / TRL's IPO; sequences without tokens give 0.
+  Rows are laid out as :mod:`jaxrl.data` packs them: ``segment_ids`` 1..K per row, 0 padding;
+  ``mask`` marks the completion tokens (the prompt's are 0). ``sequence_map[r, k]`` is the global
+  index (0..S-1) of segment ``k`` of row ``r`` (-1: none; column 0 is padding); without it the segment
+  ids themselves are global (1..S). For rows from :func:`jaxrl.data.pack_samples`,
+  ``sequence_map[r, 1 + k] = rows[r][k]`` with ``rows = jaxrl.data.assign_rows(...)`` (same
+  arguments). A pair's chosen and rejected may share a row or not: the result depends only on which
+  tokens belong to which sequence, not on the layout. ``mean`` is the length-normalised log-prob of
+  SimPO / ORPO / TRL's IPO; sequences without tokens give 0.
   """
   if mode not in SEQUENCE_LOGP_MODES:
     raise ValueError(f"mode must be one of {SEQUENCE_LOGP_MODES}, got {mode!r}")
