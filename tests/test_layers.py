@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sampling",),
     ("rewards",),
     ("train",),
-    ("sft", "latent"),
+    ("sft", "latent", "pref"),
     ("rl",),
     ("envs",),
     ("recipes", "plan", "eval", "serve", "bench", "quickstart", "info"),

@@ -2,7 +2,8 @@
 
 Every function takes arrays and keyword options and returns arrays plus a dict of metrics; all are
 ``jit``/``vmap``/``shard_map``-safe and import nothing but JAX. Swap variants by name through the
-registries: ``ADVANTAGES[name]``, ``OBJECTIVES[name]``, ``KL[name]``, ``SFT_LOSSES[name]``; any mean
+registries: ``ADVANTAGES[name]``, ``OBJECTIVES[name]``, ``KL[name]``, ``SFT_LOSSES[name]``,
+``PREFERENCE_LOSSES[name]``; any mean
 over tokens or samples is folded into per-token weights computed once per global batch
 (:func:`loss_weights`, :func:`sft_loss_weights`), so results do not depend on how a batch is split.
 
@@ -117,6 +118,22 @@ from jaxrl.losses._logprobs import (
     token_logprobs,
 )
 from jaxrl.losses._value import value_loss
+from jaxrl.losses._preference import (
+    PREFERENCE_LOSSES,
+    SEQUENCE_LOGP_MODES,
+    bradley_terry_loss,
+    dpo_robust,
+    dpo_sigmoid,
+    hinge,
+    ipo,
+    kto_kl_reference,
+    kto_loss,
+    orpo,
+    preference_loss,
+    sequence_lengths,
+    sequence_logps,
+    simpo,
+)
 
 __all__ = [
     "ADVANTAGES",
@@ -205,4 +222,18 @@ __all__ = [
     "value_loss",
     "vanilla_pg",
     "CONTEXT_KEYS",
+    "PREFERENCE_LOSSES",
+    "SEQUENCE_LOGP_MODES",
+    "bradley_terry_loss",
+    "dpo_robust",
+    "dpo_sigmoid",
+    "hinge",
+    "ipo",
+    "kto_kl_reference",
+    "kto_loss",
+    "orpo",
+    "preference_loss",
+    "sequence_lengths",
+    "sequence_logps",
+    "simpo",
 ]

@@ -1,0 +1,225 @@
+"""Preference pairs: JSONL records or the built-in arithmetic pairs, tokenised and packed into rows.
+
+A pair ``{"prompt", "chosen", "rejected"}`` becomes two sequences through the chat template: the prompt
+(a string, one user turn, or a list of chat messages) followed by the chosen (resp. rejected) answer (a
+string, one assistant turn, or a list of messages). The answer's tokens are the scored ones.
+
+A batch packs the ``2P`` sequences of its ``P`` pairs into ``[rows, seq_len]`` arrays (any sequence may share
+a row with any other; ``segment_ids`` keep them apart, ``positions`` restart at 0) and tags every token with
+its sequence: ``seq_ids`` is ``2i + 1`` on pair ``i``'s chosen sequence and ``2i + 2`` on its rejected one (0 on
+padding). Sequence log-probs are sums over the tokens of one ``seq_ids`` value, so they do not depend on
+which row a sequence landed in. With micro-batches every micro-batch is packed on its own (its pairs in its
+rows, ids local to it), so the step can split rows and pairs alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl import data as data_lib
+
+PAIR_KEYS = ("tokens", "targets", "positions", "segment_ids", "loss_mask", "seq_ids")
+"""The ``[rows, seq_len]`` arrays of a packed preference batch (``loss_mask`` float32, the rest int32)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """One tokenised pair: the chosen and rejected sequences (``tokens``, ``loss_mask`` [L] each)."""
+
+  chosen: dict[str, np.ndarray]
+  rejected: dict[str, np.ndarray]
+  where: str
+
+
+def _messages(value: Any, role: str, field: str) -> list[dict[str, Any]]:
+  if isinstance(value, str):
+    return [{"role": role, "content": value}]
+  if isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                               and isinstance(m.get("content"), str) for m in value):
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+  raise data_lib.DataError(f"'{field}' must be a string or a non-empty list of {{role, content}} messages, "
+                           f"got {type(value).__name__}", reason="wrong type")
+
+
+def pair_messages(record: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+  """``(chosen conversation, rejected conversation)`` of a ``{"prompt", "chosen", "rejected"}`` record; the
+  answers' assistant turns are trained, the prompt's are not.
+
+  Raises:
+    DataError: naming the missing or malformed field.
+  """
+  if not isinstance(record, dict):
+    raise data_lib.DataError(f"record must be a JSON object, got {type(record).__name__}", reason="not a JSON object")
+  missing = [k for k in ("prompt", "chosen", "rejected") if k not in record]
+  if missing:
+    raise data_lib.DataError(f"missing field(s) {missing}; a pair needs 'prompt', 'chosen' and 'rejected'",
+                             reason="missing field")
+  prompt = [dict(m, train=False) for m in _messages(record["prompt"], "user", "prompt")]
+  out = []
+  for field in ("chosen", "rejected"):
+    answer = _messages(record[field], "assistant", field)
+    if not any(m["role"] == "assistant" for m in answer):
+      raise data_lib.DataError(f"'{field}' has no assistant message", reason="no assistant turn")
+    out.append(prompt + answer)
+  return out[0], out[1]
+
+
+def encode_pair(tokenizer, record: Any, where: str) -> Pair:
+  """Tokenises a pair record (:func:`pair_messages`) with the tokenizer's chat template."""
+  try:
+    chosen, rejected = (data_lib.encode_chat(tokenizer, m) for m in pair_messages(record))
+  except data_lib.DataError as e:
+    raise data_lib.DataError(f"{where}: {e}", reason=e.reason) from None
+  keep = ("tokens", "loss_mask")
+  return Pair({k: chosen[k] for k in keep}, {k: rejected[k] for k in keep}, where)
+
+
+def read_pairs(paths: tuple[str, ...], tokenizer) -> list[Pair]:
+  """Every pair of the JSONL ``paths``, in file order.
+
+  Raises:
+    DataError: ``file:line: reason`` for the first line that is not a valid pair.
+  """
+  pairs = []
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        where = f"{path}:{n}"
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise data_lib.DataError(f"{where}: malformed JSON ({e.msg})", reason="malformed JSON") from None
+        pairs.append(encode_pair(tokenizer, record, where))
+  return pairs
+
+
+def _wrong_answer(rng: np.random.Generator, numbers: list[int], ops: list[str], value: int) -> str:
+  """A worked answer to a perturbed problem (one operand moved by 1 or 2) with a different final value; when
+  no such move changes the value (``0*0``), the correct steps with the last result and the answer off by one."""
+  for _ in range(32):
+    wrong = list(numbers)
+    i = int(rng.integers(len(wrong)))
+    wrong[i] = max(0, wrong[i] + int(rng.choice([-2, -1, 1, 2])))
+    steps, got = data_lib.solve(wrong, ops)
+    if got != value:
+      return f"{'; '.join(steps)}. Answer: {got}"
+  steps, _ = data_lib.solve(numbers, ops)
+  steps[-1] = f"{steps[-1].rsplit('=', 1)[0]}={value + 1}"
+  return f"{'; '.join(steps)}. Answer: {value + 1}"
+
+
+def arithmetic_pairs(n: int, *, split: str, seed: int, task: data_lib.ArithmeticConfig) -> list[dict[str, Any]]:
+  """``n`` built-in pairs: an arithmetic question, its correct worked answer (chosen) and a worked answer
+  to a slightly different question (rejected: the steps copy a wrong operand, the answer is wrong)."""
+  records = data_lib.generate_arithmetic(n, seed=seed, split=split, config=task, format="prompt_completion",
+                                         unique=split == "heldout")
+  rng = np.random.default_rng([seed, 7])
+  out = []
+  for r in records:
+    expr = r["prompt"].removesuffix("=?")
+    numbers, ops, cur = [], [], ""
+    for ch in expr:
+      if ch in "+-*" and cur:
+        numbers.append(int(cur))
+        ops.append(ch)
+        cur = ""
+      else:
+        cur += ch
+    numbers.append(int(cur))
+    rejected = _wrong_answer(rng, numbers, ops, int(r["answer"]))
+    out.append({"prompt": r["prompt"], "chosen": r["completion"], "rejected": rejected, "answer": r["answer"]})
+  return out
+
+
+def write_builtin_pairs(out_dir: Path, builtin: data_lib.BuiltinTask) -> tuple[Path, Path | None]:
+  """Writes ``train.jsonl`` and ``heldout.jsonl`` pairs of the built-in task under ``out_dir``."""
+  train = arithmetic_pairs(builtin.n_train, split="train", seed=builtin.seed, task=builtin.task)
+  train_path = data_lib.write_jsonl(train, out_dir / "train.jsonl")
+  if not builtin.n_heldout:
+    return train_path, None
+  heldout = arithmetic_pairs(builtin.n_heldout, split="heldout", seed=builtin.seed, task=builtin.task)
+  return train_path, data_lib.write_jsonl(heldout, out_dir / "heldout.jsonl")
+
+
+def pack_pairs(pairs: list[Pair], *, rows: int, seq_len: int, method: str, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """The :data:`PAIR_KEYS` arrays ``[rows, seq_len]`` of ``pairs`` (module docstring), plus per-pair
+  ``chosen_lengths`` and ``rejected_lengths`` ``[P]`` (scored tokens).
+
+  Raises:
+    DataError: when the ``2P`` sequences do not fit in ``rows`` rows.
+  """
+  seqs = [s for p in pairs for s in (p.chosen, p.rejected)]
+  placed = data_lib.assign_rows([len(s["tokens"]) for s in seqs], seq_len, method=method)
+  if len(placed) > rows:
+    raise data_lib.DataError(f"{len(pairs)} pairs need {len(placed)} rows of {seq_len} tokens, the batch has "
+                             f"{rows}; raise packing.global_rows or lower batch.pairs", reason="batch overflow")
+  out = {k: np.zeros((rows, seq_len), np.int32) for k in PAIR_KEYS}
+  out["tokens"][:] = pad_id
+  out["targets"][:] = pad_id
+  out["loss_mask"] = np.zeros((rows, seq_len), np.float32)
+  for r, members in enumerate(placed):
+    o = 0
+    for seg, j in enumerate(members, start=1):
+      tok = np.asarray(seqs[j]["tokens"], np.int32)  # [L]
+      length = len(tok)
+      out["tokens"][r, o:o + length] = tok
+      out["targets"][r, o:o + length - 1] = tok[1:]
+      out["positions"][r, o:o + length] = np.arange(length)
+      out["segment_ids"][r, o:o + length] = seg
+      out["loss_mask"][r, o:o + length - 1] = np.asarray(seqs[j]["loss_mask"], bool)[1:]
+      out["seq_ids"][r, o:o + length] = j + 1
+      o += length
+  scored = [int(np.sum(np.asarray(s["loss_mask"], bool)[1:])) for s in seqs]
+  out["chosen_lengths"] = np.asarray(scored[0::2], np.float32)
+  out["rejected_lengths"] = np.asarray(scored[1::2], np.float32)
+  return out
+
+
+def pair_batch(pairs: list[Pair | None], *, micro_batches: int, rows: int, seq_len: int, method: str,
+               pad_id: int = 0) -> dict[str, np.ndarray]:
+  """A global batch: each of the ``micro_batches`` equal slices of ``pairs`` packed into its own
+  ``rows / micro_batches`` rows (:func:`pack_pairs`), concatenated. ``None`` entries are padding pairs
+  (``pair_valid`` 0, a one-token stand-in that scores nothing)."""
+  filler = Pair({"tokens": np.asarray([pad_id, pad_id], np.int32), "loss_mask": np.zeros(2, bool)},
+                {"tokens": np.asarray([pad_id, pad_id], np.int32), "loss_mask": np.zeros(2, bool)}, "padding")
+  per_pairs, per_rows = len(pairs) // micro_batches, rows // micro_batches
+  parts = []
+  for m in range(micro_batches):
+    chunk = pairs[m * per_pairs:(m + 1) * per_pairs]
+    part = pack_pairs([p or filler for p in chunk], rows=per_rows, seq_len=seq_len, method=method, pad_id=pad_id)
+    part["pair_valid"] = np.asarray([p is not None for p in chunk], np.float32)
+    parts.append(part)
+  return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+class PairStream:
+  """Pair indices of ``n`` pairs, epoch after epoch, each epoch in its own seeded order; the state is one
+  integer (pairs drawn so far), so a resumed run draws exactly what the uninterrupted one would."""
+
+  def __init__(self, n: int, *, seed: int):
+    self.n, self.seed, self.pos = n, seed, 0
+    self._epoch, self._order = -1, None
+
+  def take(self, k: int) -> list[int]:
+    """The next ``k`` indices."""
+    out = []
+    for _ in range(k):
+      epoch, i = divmod(self.pos, self.n)
+      if epoch != self._epoch:
+        self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n)
+      out.append(int(self._order[i]))
+      self.pos += 1
+    return out
+
+  def get_state(self) -> dict[str, int]:
+    return {"pos": self.pos}
+
+  def set_state(self, state: dict[str, int]) -> None:
+    self.pos = int(state["pos"])
