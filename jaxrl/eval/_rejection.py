@@ -131,7 +131,8 @@ def rejection_sample(sampler, scorer: rewards.RewardRunner, problems: EncodedPro
     ``correct_threshold``, ``keep_per_prompt``, ``keep_truncated``, ``dataset`` (its path) and ``run_info``.
   """
   out_dir = Path(out_dir)
-  records = evaluate(sampler, scorer, problems, settings, out_dir, chunk=chunk, keep_text=True, run_info=run_info)
+  records = evaluate(sampler, scorer, problems, settings, out_dir, chunk=chunk, keep_text=True, run_info=run_info,
+                     desc="rs")
   kept, counts = select_samples(records, keep_per_prompt=keep_per_prompt, keep_truncated=keep_truncated)
   path = write_dataset(out_dir / DATASET, problems, records, kept)
   stats = {**counts, "skipped_prompts": int(problems.skipped), "samples_per_prompt": settings.n,

@@ -223,12 +223,13 @@ def _generate_and_score(sampler, scorer: rewards.RewardRunner, problems: Encoded
 
 def evaluate(sampler, scorer: rewards.RewardRunner, problems: EncodedPrompts, settings: EvalSettings,
              out_dir: str | Path, *, chunk: int = 8, keep_text: bool = True,
-             run_info: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+             run_info: dict[str, Any] | None = None, desc: str = "eval") -> list[dict[str, Any]]:
   """Generates and scores every problem not yet in ``out_dir/records.jsonl``, ``chunk`` problems per
   ``generate`` call, appending each chunk's records as it finishes; returns all records in file order.
 
   ``sampler`` is a :class:`jaxrl.sampling.Engine` or :class:`jaxrl.sampling.Sampler` (the same ``generate``).
-  Progress (problems done, tokens/s, accuracy so far, ETA) goes through the training loop's logger.
+  Progress (problems done, tokens/s, accuracy so far, ETA) goes through the training loop's logger, titled
+  ``desc``.
   """
   out_dir = Path(out_dir)
   check_settings(out_dir, {**dataclasses.asdict(settings), "stop_strings": list(settings.stop_strings),
@@ -236,7 +237,7 @@ def evaluate(sampler, scorer: rewards.RewardRunner, problems: EncodedPrompts, se
   path = out_dir / RECORDS
   done = read_done(path)
   todo = [i for i, rec in enumerate(problems.records) if _line(rec) not in done]
-  logger = train.process_logger(out_dir, 0, total_steps=len(problems), desc="eval",
+  logger = train.process_logger(out_dir, 0, total_steps=len(problems), desc=desc,
                                 show=("problems", "tok/s", "accuracy"), tensorboard=False)
   if done:
     logger.note(f"resuming: {len(problems) - len(todo)} of {len(problems)} problems already in {path}")
@@ -252,7 +253,7 @@ def evaluate(sampler, scorer: rewards.RewardRunner, problems: EncodedPrompts, se
       finished = len(problems) - len(todo) + min(s + chunk, len(todo))
       logger.log(finished, {"problems": float(finished), "tok/s": tokens / max(time.perf_counter() - t0, 1e-9),
                             "accuracy": float(np.mean(correct)) if correct else math.nan})
-  logger.close("eval progress")
+  logger.close(f"{desc} progress")
   return [done[_line(rec)] for rec in problems.records]
 
 

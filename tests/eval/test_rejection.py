@@ -170,3 +170,12 @@ def test_select_samples_counts_each_rule():
   assert kept == [[0, 3]] and stats["capped"] == 2 and stats["duplicates_removed"] == 2  # 5, 7 over the cap
   with pytest.raises(ValueError, match="keep_per_prompt"):
     ev.select_samples([rec], keep_per_prompt=0)
+
+
+def test_bad_options_are_one_line_errors(tmp_path, capsys):
+  data = tmp_path / "p.jsonl"
+  data.write_text('{"prompt": "1+1?"}\n', encoding="utf-8")
+  assert _cli.main(_args(data, tmp_path / "o", "--keep-per-prompt", "0")) == 2
+  assert capsys.readouterr().err.strip() == "jaxrl rs: error: --keep-per-prompt must be >= 1, got 0"
+  assert _cli.main([*_args(data, tmp_path / "o")[:-4], "--task", "math"]) == 2  # math needs an answer column
+  assert f"{data}:1: the task needs the field 'answer'" in capsys.readouterr().err
