@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "jaxrl.cli.serve:main"),
     "eval": ("score a local HF checkpoint on a JSONL benchmark: avg@k, unbiased pass@k, maj@k (docs/eval.md)",
              "jaxrl.cli.eval:main"),
+    "rs": ("rejection sampling: k samples per prompt, the accepted ones as an SFT data set", "jaxrl.cli.rs:main"),
     "plan": ("AOT-compile a recipe's programs for a TPU/GPU target here; bytes per device (docs/scaling.md)",
              "jaxrl.plan:main"),
     "quickstart": ("the main job: tiny model SFT warm start, then GRPO, before/after accuracy", "jaxrl.quickstart:main"),

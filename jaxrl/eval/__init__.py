@@ -1,8 +1,10 @@
 """Evaluation as papers report it: ``n`` samples per problem, scored by a reward, reported as avg@k, unbiased
-pass@k and maj@k (``jaxrl eval``; ``docs/eval.md``).
+pass@k and maj@k (``jaxrl eval``; ``docs/eval.md``); rejection sampling of an SFT data set from the same
+records (``jaxrl rs``).
 
 Layer (docs/design.md): above ``rl`` beside ``plan``, ``serve`` and ``bench``; it uses the public APIs of
-``rl`` (prompt records), ``rewards`` (scoring, answer normalisation) and ``train`` (the progress logger).
+``rl`` (prompt records, the engine), ``envs`` (a record's prompt messages), ``rewards`` (scoring, answer
+normalisation) and ``train`` (the progress logger).
 The metric functions (:mod:`jaxrl.rewards`' avg@k, pass@k, maj@k) are pure (numpy and the answer
 normalisation only) and shared with the RL trainers' held-out evaluation.
 """
@@ -25,6 +27,7 @@ from jaxrl.eval._run import (
   EvalSettings,
   evaluate,
   load_problems,
+  make_sampler,
   make_scorer,
   markdown,
   problem_id,
@@ -32,11 +35,25 @@ from jaxrl.eval._run import (
   summary,
   write_summary,
 )
+from jaxrl.eval._rejection import (
+  DATASET,
+  STATS,
+  STATS_MD,
+  normalize_whitespace,
+  rejection_sample,
+  select_samples,
+  sft_record,
+  stats_markdown,
+  write_dataset,
+)
 
 __all__ = [
+  "DATASET",
   "DEFAULT_METRICS",
   "RECORDS",
   "SETTINGS",
+  "STATS",
+  "STATS_MD",
   "SUMMARY",
   "TASKS",
   "EvalSettings",
@@ -45,14 +62,21 @@ __all__ = [
   "load_problems",
   "maj_at_k",
   "majority_index",
+  "make_sampler",
   "make_scorer",
   "markdown",
+  "normalize_whitespace",
   "parse_metrics",
   "pass_at_k",
   "problem_id",
   "problem_metrics",
   "read_done",
+  "rejection_sample",
+  "select_samples",
+  "sft_record",
+  "stats_markdown",
   "summarize",
   "summary",
+  "write_dataset",
   "write_summary",
 ]

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from jaxrl import data as data_lib
-from jaxrl import rewards, train
+from jaxrl import rewards, sampling, train
 from jaxrl.config import ConfigError
-from jaxrl.rl import EncodedPrompts, read_records, reward_fields
+from jaxrl.rl import EncodedPrompts, EngineConfig, build_engine, read_records, reward_fields
 
 RECORDS = "records.jsonl"
 """Per-problem records in the output directory (one JSON object a line, appended as problems finish)."""
@@ -77,6 +77,29 @@ def make_scorer(task: str, *, reward: str | None = None, require_think: bool = F
   kwargs = {"config": rewards.MathRewardConfig(require_think=require_think)} if task == "math" else {}
   return rewards.RewardRunner(reward or TASKS[task][0], config=rewards.RewardRunnerConfig(workers=workers),
                               reward_kwargs=kwargs)
+
+
+def make_sampler(model, tokenizer, *, max_len: int, backend: str = "engine", num_slots: int = 32,
+                 block_size: int = 16, kv_cache_bytes: int | None = None, mesh=None, rules=None):
+  """The rollout engine (:func:`jaxrl.rl.build_engine`, as the trainers build it) or, with ``backend="sampler"``,
+  the whole-batch :class:`jaxrl.sampling.Sampler`, for rows of ``max_len`` tokens.
+
+  Args:
+    model, tokenizer: the model (placed on ``mesh``) and its tokenizer.
+    max_len: prompt + response tokens per row.
+    backend: ``engine`` or ``sampler``.
+    num_slots, block_size: the engine's decode slots and KV cache slots per block.
+    kv_cache_bytes: the engine's KV cache budget per device (``None``: enough blocks for every slot's full row).
+    mesh, rules: where it runs and the logical-axis rules (``None``: one device).
+  """
+  if backend not in ("engine", "sampler"):
+    raise ValueError(f"backend must be engine or sampler, got {backend!r}")
+  if backend == "sampler":
+    return sampling.Sampler(model, tokenizer, mesh=mesh, rules=rules, max_len=max_len)
+  num_blocks = None if kv_cache_bytes else num_slots * (-(-max_len // block_size) + 1)
+  settings = EngineConfig(num_slots=num_slots, block_size=block_size, kv_cache_bytes=kv_cache_bytes,
+                          num_blocks=num_blocks)
+  return build_engine(model, tokenizer, settings, max_len=max_len, mesh=mesh, rules=rules)
 
 
 def load_problems(path: str | Path, tokenizer, *, max_prompt_tokens: int, prompt_field: str | None = None,
@@ -200,12 +223,13 @@ def _generate_and_score(sampler, scorer: rewards.RewardRunner, problems: Encoded
 
 def evaluate(sampler, scorer: rewards.RewardRunner, problems: EncodedPrompts, settings: EvalSettings,
              out_dir: str | Path, *, chunk: int = 8, keep_text: bool = True,
-             run_info: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+             run_info: dict[str, Any] | None = None, desc: str = "eval") -> list[dict[str, Any]]:
   """Generates and scores every problem not yet in ``out_dir/records.jsonl``, ``chunk`` problems per
   ``generate`` call, appending each chunk's records as it finishes; returns all records in file order.
 
   ``sampler`` is a :class:`jaxrl.sampling.Engine` or :class:`jaxrl.sampling.Sampler` (the same ``generate``).
-  Progress (problems done, tokens/s, accuracy so far, ETA) goes through the training loop's logger.
+  Progress (problems done, tokens/s, accuracy so far, ETA) goes through the training loop's logger, titled
+  ``desc``.
   """
   out_dir = Path(out_dir)
   check_settings(out_dir, {**dataclasses.asdict(settings), "stop_strings": list(settings.stop_strings),
@@ -213,7 +237,7 @@ def evaluate(sampler, scorer: rewards.RewardRunner, problems: EncodedPrompts, se
   path = out_dir / RECORDS
   done = read_done(path)
   todo = [i for i, rec in enumerate(problems.records) if _line(rec) not in done]
-  logger = train.process_logger(out_dir, 0, total_steps=len(problems), desc="eval",
+  logger = train.process_logger(out_dir, 0, total_steps=len(problems), desc=desc,
                                 show=("problems", "tok/s", "accuracy"), tensorboard=False)
   if done:
     logger.note(f"resuming: {len(problems) - len(todo)} of {len(problems)} problems already in {path}")
@@ -229,7 +253,7 @@ def evaluate(sampler, scorer: rewards.RewardRunner, problems: EncodedPrompts, se
       finished = len(problems) - len(todo) + min(s + chunk, len(todo))
       logger.log(finished, {"problems": float(finished), "tok/s": tokens / max(time.perf_counter() - t0, 1e-9),
                             "accuracy": float(np.mean(correct)) if correct else math.nan})
-  logger.close("eval progress")
+  logger.close(f"{desc} progress")
   return [done[_line(rec)] for rec in problems.records]
 
 
