@@ -9,10 +9,9 @@ from pathlib import Path
 
 from jaxrl import data as data_lib
 from jaxrl import eval as eval_lib
-from jaxrl import models, sampling, sharding
+from jaxrl import models, sharding
 from jaxrl.cli.sample import load_inference_model
 from jaxrl.config import ConfigError
-from jaxrl.rl import EngineConfig, build_engine
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,16 +70,6 @@ def parse_mesh(spec: str | None) -> sharding.MeshConfig | None:
   return sharding.MeshConfig(shape=shape)
 
 
-def _sampler(args, model, tokenizer, max_len: int, mesh=None, rules=None):
-  """The engine (``rollout.engine``'s construction, as the trainers build it) or the whole-batch sampler."""
-  if args.backend == "sampler":
-    return sampling.Sampler(model, tokenizer, mesh=mesh, rules=rules, max_len=max_len)
-  num_blocks = None if args.kv_cache_bytes else args.num_slots * (-(-max_len // args.block_size) + 1)
-  settings = EngineConfig(num_slots=args.num_slots, block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes,
-                          num_blocks=num_blocks)
-  return build_engine(model, tokenizer, settings, max_len=max_len, mesh=mesh, rules=rules)
-
-
 def main(argv: list[str] | None = None) -> int:
   """Entry point of ``jaxrl eval``; prints the summary table and returns the exit status."""
   args = build_parser().parse_args(argv)
@@ -102,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     mesh_cfg = parse_mesh(args.mesh)
     mesh, rules = (None, None) if mesh_cfg is None else (mesh_cfg.build(), mesh_cfg.logical_rules())
     model = load_inference_model(args.model, dtype=args.dtype, mesh=mesh, rules=rules)
-    sampler = _sampler(args, model, tokenizer, args.max_prompt_tokens + args.max_new_tokens, mesh, rules)
+    sampler = eval_lib.make_sampler(model, tokenizer, max_len=args.max_prompt_tokens + args.max_new_tokens,
+                                    backend=args.backend, num_slots=args.num_slots, block_size=args.block_size,
+                                    kv_cache_bytes=args.kv_cache_bytes, mesh=mesh, rules=rules)
   except (FileNotFoundError, ValueError, KeyError, data_lib.DataError) as e:
     print(f"jaxrl eval: error: {e}", file=sys.stderr)
     return 2
