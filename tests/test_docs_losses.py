@@ -14,6 +14,7 @@ REGISTRIES = {
     "KL": losses.KL,
     "AGGREGATION_MODES": losses.AGGREGATION_MODES,
     "SFT_LOSSES": losses.SFT_LOSSES,
+    "PREFERENCE_LOSSES": losses.PREFERENCE_LOSSES,
 }
 _UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
 _CODE = re.compile(r"`([^`]+)`")
