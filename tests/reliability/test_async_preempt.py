@@ -4,6 +4,7 @@
 import os
 import signal
 import sys
+import time
 
 import faultlib
 
@@ -32,6 +33,9 @@ def test_sigterm_commits_the_step_and_stops_the_async_trainer(tmp_path):
     out = update(rollout, step)
     if step == 1:
       os.kill(os.getpid(), signal.SIGTERM)  # handled: the run stops after this step
+      deadline = time.monotonic() + 30  # the handler runs on the main thread, not this trainer thread: wait
+      while trainer.preemption.signum is None and time.monotonic() < deadline:  # for it before the step ends
+        time.sleep(0.01)
     return out
   trainer.update = update_then_sigterm
   before = signal.getsignal(signal.SIGTERM)
