@@ -14,6 +14,10 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   quickstart) exec .venv/bin/jaxrl quickstart "$@" ;;
-  test) exec .venv/bin/python -m pytest -q -n 2 --durations=25 tests "$@" ;;
+  # The server tests run in fresh worker processes: late in a long worker's life, XLA has segfaulted in them
+  # (compiling or loading a cached program on the serving thread; docs/reliability.md); alone they pass.
+  test) if [ "$#" -gt 0 ]; then exec .venv/bin/python -m pytest -q -n 2 --durations=25 "$@"; fi
+        .venv/bin/python -m pytest -q -n 2 --durations=25 --ignore=tests/serve tests &&
+          exec .venv/bin/python -m pytest -q -n 2 --durations=10 tests/serve ;;
   *) echo "usage: bash scripts/run.sh quickstart|test [args...]" >&2; exit 2 ;;
 esac
