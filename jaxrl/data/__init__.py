@@ -40,7 +40,7 @@ from jaxrl.data._synthetic import (
     write_jsonl,
 )
 from jaxrl.data._task_data import TaskData
-from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir
+from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir, tokenizer_dir
 
 __all__ = [
     "BuiltinTask",
@@ -79,6 +79,7 @@ __all__ = [
     "solve",
     "stack_rows",
     "tiny_tokenizer_dir",
+    "tokenizer_dir",
     "write_arithmetic_splits",
     "write_jsonl",
 ]

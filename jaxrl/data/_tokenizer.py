@@ -74,6 +74,12 @@ def build_tiny_tokenizer(out_dir: str | Path, *, model_max_length: int = 4096):
   return tokenizer
 
 
+def tokenizer_dir(tokenizer: str | None, hf_dir: str | None) -> str:
+  """The tokenizer directory a trainer's config names: its ``tokenizer``, else its model's ``hf_dir``, else
+  the built-in tiny tokenizer's (:func:`tiny_tokenizer_dir`)."""
+  return tokenizer or hf_dir or str(tiny_tokenizer_dir())
+
+
 def tiny_tokenizer_dir() -> Path:
   """Path of the committed tiny tokenizer (load it with ``AutoTokenizer.from_pretrained``)."""
   return Path(str(resources.files("jaxrl") / "assets" / "tiny_tokenizer"))

@@ -213,10 +213,6 @@ def token_mean_prepare(batch):
   return out
 
 
-def _tokenizer_dir(cfg: CoconutConfig) -> str:
-  return cfg.tokenizer or cfg.model.hf_dir or str(data_lib.tiny_tokenizer_dir())
-
-
 def load_chains(cfg: CoconutConfig) -> tuple[list[Chain], list[Chain]]:
   """Train and held-out chains from files or the built-in task."""
   if cfg.data.train:
@@ -244,7 +240,7 @@ class CoconutTrainer:
     dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     if cfg.batch_size % dp:
       raise ValueError(f"batch_size={cfg.batch_size} must be a multiple of the data-parallel devices ({dp})")
-    self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
+    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
     self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     self.tokens: LatentTokens = latent_tokens(self.tokenizer, self.model.cfg.vocab_size)
     self.train_chains, self.heldout_chains = load_chains(cfg)

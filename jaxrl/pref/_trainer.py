@@ -202,14 +202,6 @@ def _summary(m: dict[str, Any], prefix: str = "") -> dict[str, float]:
           f"{prefix}rejected_reward": float(m["rejected_reward_sum"]) / n}
 
 
-def _tokenizer_dir(cfg: DPOConfig) -> str:
-  if cfg.tokenizer:
-    return cfg.tokenizer
-  if cfg.model.hf_dir:
-    return cfg.model.hf_dir
-  return str(data_lib.tiny_tokenizer_dir())
-
-
 class DPOTrainer:
   """Builds everything once; :meth:`run` trains, evaluates, checkpoints and exports."""
 
@@ -229,7 +221,7 @@ class DPOTrainer:
                          f"({cfg.micro_batches})")
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
     self._pairs = sharding.process_slice(cfg.pairs)  # and its pairs
-    self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
+    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
     self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, self.model.cfg)
     self.skips = data_lib.SkipReport()

@@ -51,13 +51,6 @@ from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, re
 from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
 from jaxrl.rl._source import EngineRollout, RolloutSource
 
-def _tokenizer_dir(cfg: RLConfig) -> str:
-  if cfg.tokenizer:
-    return cfg.tokenizer
-  if cfg.model.hf_dir:
-    return cfg.model.hf_dir
-  return str(data_lib.tiny_tokenizer_dir())
-
 
 class RLTrainer:
   """Builds model, optimizer, sampler, prompts and rewards once; :meth:`run` trains.
@@ -79,7 +72,7 @@ class RLTrainer:
                        f"{self.procs} processes (each generates an equal share of whole prompt groups)")
     self.mesh = cfg.mesh.build(devices)
     self.rules = cfg.mesh.logical_rules()
-    self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
+    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
     model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, model.cfg)
     self.train_dtype = model.cfg.dtype  # the train step differentiates a view of the weights in this dtype

@@ -120,14 +120,6 @@ def _resolve_data(cfg: SFTConfig, out_dir: Path) -> tuple[tuple[str, ...], tuple
   return (str(paths["train"]),), (str(paths["heldout"]),)
 
 
-def _tokenizer_dir(cfg: SFTConfig) -> str:
-  if cfg.tokenizer:
-    return cfg.tokenizer
-  if cfg.model.hf_dir:
-    return cfg.model.hf_dir
-  return str(data_lib.tiny_tokenizer_dir())
-
-
 def sft_loss_fn(graphdef, loss_cfg: SFTLoss):
   """``loss(params, batch) -> (Σ w·nll, metrics)`` for batches that already carry ``weights``."""
   def loss_fn(params, batch):
@@ -168,7 +160,7 @@ class SFTTrainer:
       raise ValueError(f"packing.global_rows={cfg.packing.global_rows} must be a multiple of data-parallel "
                        f"devices ({dp}) × micro_batches ({cfg.micro_batches})")
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
-    self.tokenizer = models.load_tokenizer(_tokenizer_dir(cfg))
+    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
     self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, self.model.cfg)
     self.train_paths, self.heldout_paths = _resolve_data(cfg, self.out_dir)
