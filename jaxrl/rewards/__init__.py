@@ -19,7 +19,17 @@ from jaxrl.rewards._autorubric import (
   select_rubric_texts,
   select_rubrics,
 )
+from jaxrl.rewards._answerer import ChatFn, as_chat
 from jaxrl.rewards._base import RewardFn, RewardResult, RewardValueError, coerce_reward, load_reward
+from jaxrl.rewards._caprl import (
+  CapRLConfig,
+  MCQuestion,
+  caprl_reward,
+  first_option_letter,
+  parse_questions,
+  question_accuracy,
+  shuffled_options,
+)
 from jaxrl.rewards._code import (
   CodeRewardConfig,
   CodeRunResult,
@@ -87,6 +97,16 @@ from jaxrl.rewards._rubric_arm import (
   rubric_arm_judge_reward,
   rubric_arm_judge_value,
 )
+from jaxrl.rewards._rubicap import (
+  SELF_PRAISE_PATTERNS,
+  SEVERITY_WEIGHTS,
+  caption_monitor,
+  parse_rubric_reply,
+  read_rubric_lines,
+  rubicap_reward,
+  severity_weight,
+  supported_by,
+)
 from jaxrl.rewards._runner import (
     RewardBatch,
     RewardBudgetExceeded,
@@ -95,6 +115,7 @@ from jaxrl.rewards._runner import (
     RewardRunnerConfig,
     RewardWorkersDied,
 )
+from jaxrl.rewards._vision_r1 import HardFormatConfig, hard_format_reward
 from jaxrl.rewards._sandbox import (
   ExecResult,
   SandboxConfig,
@@ -105,6 +126,25 @@ from jaxrl.rewards._sandbox import (
 )
 
 __all__ = [
+  "CapRLConfig",
+  "ChatFn",
+  "HardFormatConfig",
+  "MCQuestion",
+  "SELF_PRAISE_PATTERNS",
+  "SEVERITY_WEIGHTS",
+  "as_chat",
+  "caprl_reward",
+  "caption_monitor",
+  "first_option_letter",
+  "hard_format_reward",
+  "parse_questions",
+  "parse_rubric_reply",
+  "question_accuracy",
+  "read_rubric_lines",
+  "rubicap_reward",
+  "severity_weight",
+  "shuffled_options",
+  "supported_by",
   "HashingEmbedder",
   "RubricSelection",
   "WordLlamaEmbedder",

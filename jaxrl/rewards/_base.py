@@ -111,6 +111,9 @@ _BUILTIN = {
   "rubric_anchor": "jaxrl.rewards._rubric:rubric_anchor_reward",
   "alignxplore_jud": "jaxrl.rewards._rubric:alignxplore_jud_reward",
   "alignxplore_gen": "jaxrl.rewards._rubric:alignxplore_gen_reward",
+  "hard_format": "jaxrl.rewards._vision_r1:hard_format_reward",
+  "caprl": "jaxrl.rewards._caprl:caprl_reward",
+  "rubicap": "jaxrl.rewards._rubicap:rubicap_reward",
 }
 
 
@@ -154,7 +157,8 @@ def load_reward(spec: str | Callable[..., Any], /, **kwargs: Any) -> Callable[..
       ``"my_pkg.rewards:length_penalty"``; ``"jaxrl.rewards.math:math_reward"`` resolves to the
       private ``jaxrl.rewards._math``), a short built-in name (``"math"``, ``"code"``,
       ``"format"``, ``"reasoning_gym"``, and the judge rewards ``"judge"``, ``"pairwise_judge"``,
-      ``"rubric"``, ``"rubric_anchor"``, ``"alignxplore_jud"``, ``"alignxplore_gen"``) or a callable.
+      ``"rubric"``, ``"rubric_anchor"``, ``"alignxplore_jud"``, ``"alignxplore_gen"``; the vision-language
+      rewards ``"hard_format"``, ``"caprl"``, ``"rubicap"``) or a callable.
     **kwargs: bound with `functools.partial`, e.g. ``config=MathRewardConfig.areal()`` or, from
       YAML, ``config={"correct_value": 5.0}``.
 

@@ -187,15 +187,19 @@ class Judge:
   # ------------------------------------------------------------------------------------------------
 
   def chat(self, messages: Sequence[Mapping[str, str]], *, max_tokens: int | None = None,
-           top_logprobs: int | None = None, temperature: float | None = None) -> JudgeResponse:
-    """One chat completion (cached, retried, degraded as needed). Raises `JudgeError`."""
+           top_logprobs: int | None = None, temperature: float | None = None,
+           seed: int | None = None) -> JudgeResponse:
+    """One chat completion (cached, retried, degraded as needed). Raises `JudgeError`.
+
+    ``seed`` overrides the config's for this request (part of the cache key: repeated sampling rounds
+    at a temperature above 0 pass distinct seeds so they are distinct requests)."""
     c = self.config
     k = c.top_logprobs if top_logprobs is None else int(top_logprobs)
     body: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages],
                             "max_tokens": int(max_tokens or c.max_tokens),
                             "temperature": c.temperature if temperature is None else float(temperature)}
-    if c.seed is not None:
-      body["seed"] = c.seed
+    if seed is not None or c.seed is not None:
+      body["seed"] = int(seed if seed is not None else c.seed)
     if k and self.logprobs_ok:
       cap = self.profile.max_top_logprobs
       body["logprobs"], body["top_logprobs"] = True, k if cap is None else min(k, cap)

@@ -129,16 +129,21 @@ class RewardBatch:
     return len(self.indices)
 
   def metrics(self, prefix: str = "reward") -> dict[str, float]:
-    """Mean/std/min/max of the rewards, the error count and a count per ``info["reason"]``."""
+    """Mean/std/min/max of the rewards, the error count, a count per ``info["reason"]`` and the mean of each
+    ``info["monitor"]`` value over the samples that report it (e.g. RubiCap's ``reward/monitor/self_praise``)."""
     r = self.rewards.astype(np.float64)
     out = {f"{prefix}/errors": float(len(self.errors))}
     if len(r):
       out |= {f"{prefix}/mean": r.mean(), f"{prefix}/std": r.std(), f"{prefix}/min": r.min(), f"{prefix}/max": r.max()}
+    monitored: dict[str, list[float]] = {}
     for info in self.infos:
       reason = info.get("reason")
       if isinstance(reason, str):
         key = f"{prefix}/reason/{reason}"
         out[key] = out.get(key, 0.0) + 1.0
+      for k, v in (info.get("monitor") or {}).items():
+        monitored.setdefault(f"{prefix}/monitor/{k}", []).append(float(v))
+    out |= {k: float(np.mean(v)) for k, v in monitored.items()}
     return {k: float(v) for k, v in out.items()}
 
 

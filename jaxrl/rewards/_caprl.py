@@ -1,0 +1,172 @@
+"""CapRL's caption-utility reward (shared/seeds/004, CapRL "Reward 设计"; the authors' reward code).
+
+A text-only answerer LLM that never sees the image answers the image's multiple-choice questions from the
+policy's caption alone. For each of N rounds every question's options, with an extra "cannot be answered
+from the description" option, are shuffled (seeded per question and round), relettered A, B, ...; the
+first option letter in the answer is taken; exact match against the correct option's new letter. The
+reward is the accuracy averaged over the questions and the rounds:
+
+    r(caption) = 1/(Q·N) · Σ_q Σ_n 1[first_letter(answer_{q,n}) = letter_{q,n}(correct_q)]
+
+Shuffling removes the answerer's option-position bias (N = 4 saturates in the paper); the extra option gives
+a caption that lacks the fact somewhere to send the answerer other than a lucky guess. The answerer samples
+at ``temperature`` 0.6 with a few tokens (the authors' settings). QA curation (`question_accuracy` with and
+without the image) lives in `jaxrl.eval` (``jaxrl caprl-curate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrl.rewards._answerer import as_chat
+from jaxrl.rewards._base import RewardResult, as_config
+
+__all__ = ["CapRLConfig", "MCQuestion", "caprl_reward", "first_option_letter", "parse_questions",
+           "question_accuracy", "shuffled_options"]
+
+CAPTION_TEMPLATE = ("Answer the multiple-choice question about an image. You cannot see the image; use only its "
+                    "description.\n\nDescription:\n{caption}\n\nQuestion: {question}\nOptions:\n{options}\n\n"
+                    "Reply with the letter of one option.")
+QUESTION_TEMPLATE = "Question: {question}\nOptions:\n{options}\n\nReply with the letter of one option."
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CapRLConfig:
+  """Rounds, shuffling and sampling of the answerer."""
+
+  rounds: int = 4
+  """N: sampling rounds per question, each with its own option order."""
+  temperature: float = 0.6
+  max_tokens: int = 8
+  seed: int = 0
+  """Base seed of the option shuffles and of the answerer's sampling."""
+  add_unanswerable: bool = True
+  """Add `unanswerable` to the options before shuffling (the authors' code)."""
+  unanswerable: str = "The question cannot be answered from the description."
+  max_questions: int | None = None
+  """Use only the first k questions of an image (the paper: one already gives most of the gain); None: all."""
+  template: str = CAPTION_TEMPLATE
+  """Formatted with ``caption``, ``question`` and ``options`` (lines ``A. text``)."""
+
+  def __post_init__(self):
+    if self.rounds < 1:
+      raise ValueError(f"rounds: must be >= 1, got {self.rounds!r}")
+    if self.max_tokens < 1 or self.temperature < 0:
+      raise ValueError(f"max_tokens must be >= 1 and temperature >= 0, got {self.max_tokens!r}, {self.temperature!r}")
+    if self.max_questions is not None and self.max_questions < 1:
+      raise ValueError(f"max_questions: must be >= 1 or None, got {self.max_questions!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MCQuestion:
+  """A multiple-choice question; `answer` indexes `options`."""
+
+  question: str
+  options: tuple[str, ...]
+  answer: int
+
+
+def parse_questions(raw: Any, where: str = "questions") -> list[MCQuestion]:
+  """Questions from a sample field: a list of ``{question, options, answer}`` where ``options`` is a list
+  (lettered A, B, ... in order) or a ``{letter: text}`` dict and ``answer`` the correct letter.
+  Raises ValueError naming `where` and the index of a malformed question."""
+  if isinstance(raw, Mapping):
+    raw = [raw]
+  if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
+    raise ValueError(f"{where}: expected a non-empty list of {{question, options, answer}}, got {raw!r:.80}")
+  out = []
+  for i, q in enumerate(raw):
+    at = f"{where}[{i}]"
+    if not isinstance(q, Mapping) or not isinstance(q.get("question"), str):
+      raise ValueError(f"{at}: expected {{question, options, answer}}, got {q!r:.80}")
+    opts = q.get("options")
+    if isinstance(opts, Mapping):
+      letters = sorted(opts)
+      if letters != list(string.ascii_uppercase[:len(letters)]):
+        raise ValueError(f"{at}.options: letters must be A, B, ... in sequence, got {letters}")
+      opts = [opts[k] for k in letters]
+    if not isinstance(opts, Sequence) or isinstance(opts, str) or len(opts) < 2 or len(opts) > 20:
+      raise ValueError(f"{at}.options: expected 2 to 20 options, got {opts!r:.80}")
+    if not all(isinstance(o, str) and o.strip() for o in opts) or len(set(opts)) != len(opts):
+      raise ValueError(f"{at}.options: options must be distinct non-empty strings")
+    ans = str(q.get("answer", "")).strip().upper()
+    if len(ans) != 1 or not "A" <= ans < chr(ord("A") + len(opts)):
+      raise ValueError(f"{at}.answer: expected one of the option letters A-{chr(ord('A') + len(opts) - 1)}, "
+                       f"got {q.get('answer')!r}")
+    out.append(MCQuestion(q["question"], tuple(opts), ord(ans) - ord("A")))
+  return out
+
+
+def shuffled_options(q: MCQuestion, *, seed: int, round_: int, unanswerable: str | None) -> tuple[list[str], int]:
+  """The options of `q` in round `round_`'s order (with `unanswerable` added before shuffling) and the index
+  of the correct one. The permutation is a function of (seed, question text, round) only."""
+  opts = list(q.options) + ([unanswerable] if unanswerable else [])
+  key = zlib.crc32(q.question.encode())
+  perm = np.random.default_rng([seed, key, round_]).permutation(len(opts))
+  return [opts[i] for i in perm], int(np.flatnonzero(perm == q.answer)[0])
+
+
+def first_option_letter(text: str, n_options: int) -> str | None:
+  """The first option letter standing alone in `text` (not inside a word): ``"(C) red"`` → C,
+  ``"Answer: B"`` → B (the ``A`` of "Answer" is part of a word); None when there is none."""
+  letters = string.ascii_uppercase[:n_options]
+  m = re.search(rf"(?<![A-Za-z])([{letters}])(?![A-Za-z])", text)
+  return m.group(1) if m else None
+
+
+def _listing(options: Sequence[str]) -> str:
+  return "\n".join(f"{string.ascii_uppercase[i]}. {o}" for i, o in enumerate(options))
+
+
+def question_accuracy(chat: Any, q: MCQuestion, *, prompt: str, cfg: CapRLConfig, image_part: Mapping | None = None,
+                      unanswerable: str | None = None) -> tuple[float, dict[str, int]]:
+  """Accuracy of `chat` on `q` over ``cfg.rounds`` shuffled rounds. `prompt` is formatted with ``question``
+  and ``options``; `image_part` (an OpenAI ``image_url`` part) goes before the text when given.
+  Returns the accuracy and counts (``correct``, ``unanswerable``: chose the extra option, ``no_letter``)."""
+  counts = {"correct": 0, "unanswerable": 0, "no_letter": 0}
+  for n in range(cfg.rounds):
+    opts, right = shuffled_options(q, seed=cfg.seed, round_=n, unanswerable=unanswerable)
+    text = prompt.format(question=q.question, options=_listing(opts))
+    content: Any = text if image_part is None else [dict(image_part), {"type": "text", "text": text}]
+    reply = chat([{"role": "user", "content": content}], max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                 seed=cfg.seed * 1_000_003 + n)
+    letter = first_option_letter(reply, len(opts))
+    if letter is None:
+      counts["no_letter"] += 1
+      continue
+    idx = ord(letter) - ord("A")
+    counts["correct"] += idx == right
+    counts["unanswerable"] += unanswerable is not None and opts[idx] == unanswerable
+  return counts["correct"] / cfg.rounds, counts
+
+
+def caprl_reward(prompt: str, completion: str, *, questions: Any, answerer: Any = None,
+                 config: CapRLConfig | dict | None = None, **_: Any) -> RewardResult:
+  """CapRL: the answerer's exact-match accuracy on the image's `questions` from the caption `completion`,
+  averaged over questions and ``config.rounds`` shuffled rounds (module docstring).
+
+  ``answerer``: a judge config dict (any OpenAI-compatible server, `jaxrl serve`, ``judge.launch``), a
+  `Judge`, an import path or a callable (`jaxrl.rewards.as_chat`). ``info``: ``per_question`` accuracies,
+  ``unanswerable`` and ``no_letter`` counts over all rounds.
+  """
+  cfg = as_config(CapRLConfig, config, "config")
+  qs = parse_questions(questions)
+  if cfg.max_questions is not None:
+    qs = qs[:cfg.max_questions]
+  chat = as_chat(answerer)
+  tmpl = cfg.template.replace("{caption}", completion.replace("{", "{{").replace("}", "}}"))
+  per, totals = [], {"unanswerable": 0, "no_letter": 0}
+  for q in qs:
+    acc, counts = question_accuracy(chat, q, prompt=tmpl, cfg=cfg,
+                                    unanswerable=cfg.unanswerable if cfg.add_unanswerable else None)
+    per.append(acc)
+    for k in totals:
+      totals[k] += counts[k]
+  return RewardResult(value=float(np.mean(per)), info={"per_question": per, **totals})
