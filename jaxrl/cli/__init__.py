@@ -30,6 +30,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "jaxrl.cli.serve:main"),
     "eval": ("score a local HF checkpoint on a JSONL benchmark: avg@k, unbiased pass@k, maj@k (docs/eval.md)",
              "jaxrl.cli.eval:main"),
+    "caprl-curate": ("CapRL QA curation: keep questions a vision model answers with the image and a text model "
+                     "cannot without it", "jaxrl.cli.vlrl:curate_main"),
+    "rubicap-rubrics": ("RubiCap rubric synthesis: teacher-committee captions in, per-image weighted rubrics out",
+                        "jaxrl.cli.vlrl:rubrics_main"),
+    "vision-r1-coldstart": ("Vision-R1 modality bridging: image QA in, reasoning that passes the hard reward out "
+                            "as SFT records", "jaxrl.cli.vlrl:coldstart_main"),
     "rs": ("rejection sampling: k samples per prompt, the accepted ones as an SFT data set", "jaxrl.cli.rs:main"),
     "plan": ("AOT-compile a recipe's programs for a TPU/GPU target here; bytes per device (docs/scaling.md)",
              "jaxrl.plan:main"),

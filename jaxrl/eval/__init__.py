@@ -1,6 +1,7 @@
 """Evaluation as papers report it: ``n`` samples per problem, scored by a reward, reported as avg@k, unbiased
 pass@k and maj@k (``jaxrl eval``; ``docs/eval.md``); rejection sampling of an SFT data set from the same
-records (``jaxrl rs``).
+records (``jaxrl rs``); the vision-language RL data builders (``jaxrl caprl-curate``, ``jaxrl rubicap-rubrics``,
+``jaxrl vision-r1-coldstart``) over the reward layer's answerer/judge clients.
 
 Layer (docs/design.md): above ``rl`` beside ``plan``, ``serve`` and ``bench``; it uses the public APIs of
 ``rl`` (prompt records, the engine), ``envs`` (a record's prompt messages), ``rewards`` (scoring, answer
@@ -35,6 +36,10 @@ from jaxrl.eval._run import (
   summary,
   write_summary,
 )
+from jaxrl.eval._caprl_curate import CurateConfig, curate_file, curate_questions
+from jaxrl.eval._cold_start import ColdStartConfig, build_cold_start, cold_start_file
+from jaxrl.eval._rubicap_synth import RUBRIC_WRITER_TEMPLATE, SynthConfig, synthesize_file, synthesize_rubrics
+from jaxrl.eval._vlrl_io import image_part, read_image_records
 from jaxrl.eval._rejection import (
   DATASET,
   STATS,
@@ -48,6 +53,18 @@ from jaxrl.eval._rejection import (
 )
 
 __all__ = [
+  "ColdStartConfig",
+  "CurateConfig",
+  "RUBRIC_WRITER_TEMPLATE",
+  "SynthConfig",
+  "build_cold_start",
+  "cold_start_file",
+  "curate_file",
+  "curate_questions",
+  "image_part",
+  "read_image_records",
+  "synthesize_file",
+  "synthesize_rubrics",
   "DATASET",
   "DEFAULT_METRICS",
   "RECORDS",
