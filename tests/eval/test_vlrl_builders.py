@@ -4,7 +4,6 @@ and the three commands end to end against a fake OpenAI-compatible server."""
 
 import json
 import re
-import sys
 from collections import Counter
 
 import pytest
@@ -15,8 +14,6 @@ from jaxrl import eval as eval_lib
 from jaxrl import serve
 from jaxrl.cli import main as cli_main
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "rewards"))
-from judge_testlib import start_fake  # noqa: E402
 
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
                     "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")
@@ -96,7 +93,7 @@ def writer_reply(criteria):
 
 
 def test_rubric_synthesis_keeps_consensus_failures_only(tmp_path):
-  judge_srv = start_fake()
+  judge_srv = serve.ServerThread(fake_vlm_app(), port=0).start()
   try:
     crit = [{"criterion": "[[ok:Score: 0]] names the text 24 CARROT CAKE", "severity": "Critical",
              "support": [{"teacher": 1, "quote": "24 CARROT CAKE"}, {"teacher": 2, "quote": "24 carrot cake"}]},
@@ -190,7 +187,8 @@ def test_cold_start_bridges_filters_and_pairs_with_the_image(tmp_path):
 
 
 def fake_vlm_app():
-  """An OpenAI-compatible fake: with an image part it describes, without one it reasons to 4."""
+  """An OpenAI-compatible fake: a message tagged ``[[ok:TEXT]]`` gets TEXT; otherwise, with an image part it
+  describes, without one it reasons to 4."""
   app = FastAPI()
 
   @app.post("/v1/chat/completions")
@@ -198,6 +196,8 @@ def fake_vlm_app():
     body = await request.json()
     content = body["messages"][-1]["content"]
     text = "a picture of 2 + 2" if isinstance(content, list) else "<think>2 + 2 = 4</think> \\boxed{4}"
+    tag = re.search(r"\[\[ok:([^\]]*)\]\]", content if isinstance(content, str) else "")
+    text = tag.group(1) if tag else text
     return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
@@ -221,3 +221,22 @@ def test_cold_start_command_against_a_server_and_its_errors(tmp_path, capsys):
   assert status == 2 and len(err) == 1 and err[0].startswith("jaxrl caprl-curate: error: ") and "bad.jsonl:1" in err[0]
   status = cli_main(["rubicap-rubrics", "--data", bad, "--out", str(tmp_path / "r.jsonl")])
   assert status == 2 and "--writer-base-url or --writer-launch is required" in capsys.readouterr().err
+
+
+def test_endpoint_options_become_a_judge_config(tmp_path):
+  import argparse
+
+  from jaxrl.cli import vlrl
+  p = argparse.ArgumentParser()
+  vlrl.add_endpoint(p, "writer", "w")
+  vlrl.add_endpoint(p, "judge", "j", required=False)
+  args = p.parse_args(["--writer-base-url", "http://h:1/v1", "--writer-model", "gem", "--writer-cache",
+                       str(tmp_path / "c.db"), "--writer-judge", '{"max_tokens": 3000, "timeout_s": 5}'])
+  assert vlrl.endpoint(args, "writer") == {"provider": "jaxrl", "max_concurrency": 8, "base_url": "http://h:1/v1",
+                                           "model": "gem", "cache_path": str(tmp_path / "c.db"), "max_tokens": 3000,
+                                           "timeout_s": 5}
+  assert vlrl.endpoint(args, "judge", required=False) is None
+  args = p.parse_args(["--writer-launch", str(tmp_path)])
+  assert vlrl.endpoint(args, "writer")["launch"] == {"model": str(tmp_path)}
+  with pytest.raises(ValueError, match="--writer-judge: expected a JSON object"):
+    vlrl.endpoint(p.parse_args(["--writer-base-url", "u", "--writer-judge", "[1]"]), "writer")
