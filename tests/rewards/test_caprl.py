@@ -2,6 +2,8 @@
 
 import re
 
+import numpy as np
+
 import pytest
 from judge_testlib import start_fake
 
@@ -110,3 +112,17 @@ def test_answers_through_an_openai_compatible_judge_with_a_seed_per_round():
     assert r.value == pytest.approx(sum(right) / 8)
   finally:
     srv.stop()
+
+
+def reads_captions(messages, **_):
+  """An import-path answerer for the runner test: the Reader's rule, stateless."""
+  return Reader()(messages)
+
+
+def test_runner_scores_caprl_by_name_with_an_import_path_answerer():
+  runner = rewards.RewardRunner("caprl", reward_kwargs={"answerer": "test_caprl:reads_captions",
+                                                         "config": {"rounds": 2, "add_unanswerable": True}})
+  with runner:
+    batch = runner.score(["p", "p"], ["a red ball and three dogs", "nothing useful"], questions=[QUESTIONS, QUESTIONS])
+  np.testing.assert_allclose(batch.rewards, [1.0, 0.0])
+  assert batch.infos[1]["unanswerable"] == 4 and not batch.errors
