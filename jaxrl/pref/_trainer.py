@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
-import time
-from pathlib import Path
 from typing import Any, Literal
 
 import jax
@@ -29,10 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
-from jaxrl.models import ModelSource
 from jaxrl.pref._data import Pair, PairStream, pair_batch, read_pairs, write_builtin_pairs
 
 
@@ -46,7 +41,7 @@ class PrefData(data_lib.TaskData):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PrefLoss:
+class PrefLoss(train.ChunkedLoss):
   name: str = "sigmoid"
   "A name of jaxrl.losses.PREFERENCE_LOSSES: sigmoid (DPO), robust, ipo, hinge, simpo, orpo."
   beta: float = 0.1
@@ -54,8 +49,6 @@ class PrefLoss:
   "Conservative/robust DPO's ε (losses that take it)."
   gamma: float = 0.0
   "SimPO's target margin."
-  chunk_size: int = 256
-  "Tokens per chunk of the chunked log-prob computation."
 
   def __post_init__(self):
     if self.name not in losses.PREFERENCE_LOSSES:
@@ -80,18 +73,16 @@ class PairPacking:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PrefEval:
-  every: int = 50
-  "Steps between evaluations (and at the end); 0 disables."
+class PrefEval(train.EvalCadence):
   pairs: int = 0
   "Held-out pairs evaluated (the first ones); 0: all."
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DPOConfig:
-  model: ModelSource = dataclasses.field(default_factory=lambda: ModelSource(preset="tiny"))
-  tokenizer: str | None = None
-  "Tokenizer dir; default the model's hf_dir, else the built-in tiny tokenizer."
+class DPOConfig(train.TrainerConfig):
+  """``jaxrl dpo``: the shared trainer sections (:class:`jaxrl.train.TrainerConfig`) plus pairs, packing, loss,
+  reference and eval."""
+
   data: PrefData = dataclasses.field(default_factory=PrefData)
   pairs: int = 8
   "Preference pairs per global batch."
@@ -99,25 +90,15 @@ class DPOConfig:
   loss: PrefLoss = dataclasses.field(default_factory=PrefLoss)
   reference: Literal["model", "precompute", "none"] = "model"
   "Reference log-probs: recomputed each step (frozen copy; LoRA: the base), precomputed once, or none."
-  optim: train.OptimConfig = dataclasses.field(default_factory=train.OptimConfig)
   micro_batches: int = 1
   "Gradient-accumulation micro-batches per global batch (each packs pairs / micro_batches pairs)."
-  steps: int = 100
   eval: PrefEval = dataclasses.field(default_factory=PrefEval)
-  checkpoint: train.CheckpointConfig = dataclasses.field(default_factory=train.CheckpointConfig)
-  guards: train.GuardConfig = dataclasses.field(default_factory=train.GuardConfig)
-  mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
   lora: models.LoraConfig | None = None
   "Train LoRA adapters only; the base with adapters off is then the reference."
   out_dir: str = "runs/dpo"
-  export_hf: bool = True
-  "Write an HF directory (out_dir/hf; with LoRA also the PEFT adapter, out_dir/adapter) at the end."
-  log_every: int = 1
-  tensorboard: bool = True
 
   def __post_init__(self):
-    if self.steps < 1:
-      raise ValueError(f"steps must be >= 1, got {self.steps}")
+    super().__post_init__()
     if self.pairs < 1:
       raise ValueError(f"pairs must be >= 1, got {self.pairs}")
     if self.micro_batches < 1 or self.pairs % self.micro_batches or self.packing.global_rows % self.micro_batches:
@@ -202,39 +183,22 @@ def _summary(m: dict[str, Any], prefix: str = "") -> dict[str, float]:
           f"{prefix}rejected_reward": float(m["rejected_reward_sum"]) / n}
 
 
-class DPOTrainer:
+class DPOTrainer(train.PackedTrainer):
   """Builds everything once; :meth:`run` trains, evaluates, checkpoints and exports."""
 
   def __init__(self, cfg: DPOConfig):
-    self.cfg = cfg
-    self.out_dir = Path(cfg.out_dir)
-    self.out_dir.mkdir(parents=True, exist_ok=True)
-    self.pid = jax.process_index()
-    if self.pid == 0:
-      (self.out_dir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
-    self.mesh = cfg.mesh.build()
-    self.rules = cfg.mesh.logical_rules()
-    dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    for what, n in (("pairs", cfg.pairs), ("packing.global_rows", cfg.packing.global_rows)):
-      if n % (dp * cfg.micro_batches):
-        raise ValueError(f"{what}={n} must be a multiple of data-parallel devices ({dp}) × micro_batches "
-                         f"({cfg.micro_batches})")
+    self._setup_run(cfg)
+    self._check_divisible(pairs=cfg.pairs, **{"packing.global_rows": cfg.packing.global_rows})
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
     self._pairs = sharding.process_slice(cfg.pairs)  # and its pairs
-    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
-    self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
-    models.check_tokenizer(self.tokenizer, self.model.cfg)
+    self._build_model()
     self.skips = data_lib.SkipReport()
     self.train_pairs, self.heldout_pairs = self._load_pairs()
     self._build_state()
     self.ref_cache = None  # [n, 2] reference log-probs of train pairs; held-out: heldout_ref_cache
     if cfg.reference == "precompute":
       self.ref_cache, self.heldout_ref_cache = self._precompute()
-    self.checkpointer = None
-    if cfg.checkpoint.every:
-      self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every,
-                                             keep=cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every,
-                                             async_save=cfg.checkpoint.async_save)
+    self._make_checkpointer()
 
   def _load_pairs(self) -> tuple[list[Pair], list[Pair]]:
     cfg = self.cfg
@@ -259,16 +223,7 @@ class DPOTrainer:
   def _build_state(self) -> None:
     """The trained state, the step, the evaluation function and the reference inputs."""
     cfg = self.cfg
-    optim_cfg, lr_scale = cfg.optim, None
-    self.frozen = ()  # the frozen base under LoRA (an input of every forward)
-    if cfg.lora is not None:
-      models.apply_lora(self.model, cfg.lora, seed=cfg.model.seed, rules=self.rules)
-      self.graphdef, params, base = models.split_lora(self.model)
-      self.frozen = (base,)
-      optim_cfg = dataclasses.replace(cfg.optim, lr=cfg.optim.lr * cfg.lora.lr_multiplier)
-      lr_scale = models.lr_scale_tree(params, cfg.lora.b_lr_ratio)
-    else:
-      self.graphdef, params = nnx.split(self.model)
+    params, optim_cfg, lr_scale = self._trainable()
     dtype = self.model.cfg.dtype
     lora = cfg.lora is not None
     self.ref_inputs = ()  # the frozen copy (reference: model, no LoRA), an input of every step
@@ -281,11 +236,7 @@ class DPOTrainer:
     loss_fn = pref_loss_fn(self.graphdef, cfg.loss, mode)
     if lora:
       loss_fn = models.lora_loss(loss_fn)
-    self.optimizer = train.make_optimizer(optim_cfg, cfg.steps, lr_scale=lr_scale)
-    self.schedule = train.make_schedule(optim_cfg, cfg.steps)
-    sharding.barrier("dpo-init")  # processes start their first collectives together
-    self.state = train.place_on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
-    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    self._init_state(params, optim_cfg, lr_scale, name="dpo")
     self.pair_sharding = sharding.logical_sharding(("batch",), self.mesh, self.rules)
     self.step_fn = train.make_train_step(
         loss_fn, self.optimizer, micro_batches=cfg.micro_batches, mesh=self.mesh, rules=self.rules,
@@ -333,13 +284,6 @@ class DPOTrainer:
     return {k: sharding.global_batch(v[self._rows], self.batch_sharding) if v.ndim == 2
             else sharding.global_batch(v[self._pairs], self.pair_sharding) for k, v in arrays.items()}
 
-  def current_model(self, *, for_sampling: bool = False):
-    """The model with the current parameters; with LoRA and ``for_sampling``, adapters merged in."""
-    model = nnx.merge(self.graphdef, self.state.params, *self.frozen)
-    if for_sampling and self.cfg.lora is not None:
-      return models.merged_base(model)
-    return model
-
   def evaluate(self) -> dict[str, float]:
     """Loss, reward accuracy, margin and implicit rewards over the held-out pairs (means over pairs)."""
     pairs, cfg = self.heldout_pairs, self.cfg
@@ -364,15 +308,8 @@ class DPOTrainer:
     stream = PairStream(len(self.train_pairs), seed=cfg.data.shuffle_seed)
     guard = train.SkipGuard(cfg.guards, log=print)
     start_step = self._resume(stream, guard)
-    logger = train.process_logger(self.out_dir, self.pid, total_steps=cfg.steps, desc="dpo",
-                                  show=("loss", "accuracy", "tok/s", "eval_accuracy", "eval_margin"),
-                                  tensorboard=cfg.tensorboard)
-    guard.log = logger.note
-    first_eval = self.evaluate() if start_step == 0 and cfg.eval.every else {}
-    if first_eval:
-      logger.log(0, first_eval)
-    results: dict[str, Any] = {"start_step": start_step, "eval_before": first_eval}
-    last = cfg.steps if until is None else min(until, cfg.steps)
+    logger, results, last = self._begin_run(guard, start_step=start_step, until=until, name="dpo",
+                                            show=("loss", "accuracy", "tok/s", "eval_accuracy", "eval_margin"))
     history: list[dict[str, float]] = []
     try:
       self._train_steps(stream, guard, logger, results, history, start_step, last)
@@ -390,9 +327,7 @@ class DPOTrainer:
       return dict(results, losses=losses_seen, history=history, stopped_at=last)
     results.update(steps=cfg.steps, losses=losses_seen, plot=str(plot) if plot else None,
                    skipped=int(self.state.skipped), reference=cfg.reference)
-    if cfg.export_hf:
-      train.export_hf(results, out_dir=self.out_dir, model=self.current_model(for_sampling=True),
-                      adapter=self.current_model() if cfg.lora is not None else None, tokenizer=self.tokenizer)
+    self._export(results)
     train.write_results(results, self.out_dir, pid=self.pid)
     return dict(results, history=history)
 
@@ -411,42 +346,35 @@ class DPOTrainer:
 
   def _train_steps(self, stream: PairStream, guard: train.SkipGuard, logger: train.MetricsLogger,
                    results: dict[str, Any], history: list[dict[str, float]], start_step: int, last: int) -> None:
-    """Steps ``start_step + 1 .. last``: the update, the progress line every ``log_every`` steps
-    (:func:`jaxrl.train.finish_step`, with the evaluation cadence), the checkpoint and the pre-emption poll."""
+    """Steps ``start_step + 1 .. last`` through :func:`jaxrl.train.run_steps`: the update, the progress line
+    every ``log_every`` steps (:func:`jaxrl.train.finish_step`, with the evaluation cadence), the checkpoint
+    and the pre-emption poll."""
     cfg = self.cfg
-    t_last = time.perf_counter()
-    pending = None  # (step, skipped, non-finite micro-batches, loss) of the last step, read one step late
-    with train.PreemptionGuard() as preempt:
-      for step in range(start_step + 1, last + 1):
-        sharding.barrier("dpo-step")
-        arrays = self._batch(stream.take(cfg.pairs))
+    last_arrays: list[dict[str, np.ndarray]] = []
+
+    def step(s: int):
+      arrays = self._batch(stream.take(cfg.pairs))
+      last_arrays[:] = [arrays]
+      self.state, metrics = self.step_fn(self.state, self._device_batch(arrays), *self.frozen, *self.ref_inputs)
+      return metrics
+
+    def report(s: int, m, dt: float) -> None:
+      if m is not None:
+        arrays = last_arrays[0]
         tokens = int(np.sum(arrays["segment_ids"] > 0))
-        self.state, metrics = self.step_fn(self.state, self._device_batch(arrays), *self.frozen, *self.ref_inputs)
-        if pending is not None:  # the previous step is done by now: reading its flags does not stall
-          guard.observe(*sharding.to_host(pending))
-        pending = (step, metrics["skipped"], metrics[train.NONFINITE_KEY], metrics["loss"])
-        if step % cfg.log_every == 0 or step == cfg.steps:
-          m = sharding.to_host(metrics)
-          now = time.perf_counter()
-          dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
-          t_last = now
-          row = dict(_summary(m), objective=float(m["loss"]), grad_norm=float(m["grad_norm"]), lr=float(m["lr"]),
-                     skipped=float(self.state.skipped), **{"tok/s": tokens / dt, "padding": 1.0 - tokens / arrays[
-                         "tokens"].size})
-          train.finish_step(step, row, logger=logger, history=history, results=results,
-                            evaluate=lambda _: self.evaluate(), eval_every=cfg.eval.every, total_steps=cfg.steps)
-        elif cfg.eval.every and step % cfg.eval.every == 0:
-          ev = self.evaluate()
-          logger.log(step, ev)
-          results["eval_after"] = ev
-        signum = preempt.requested()
-        if self.checkpointer is not None and (self.checkpointer.due(step) or step == last or signum):
-          guard.observe(*sharding.to_host(pending))
-          pending = None
-          self.checkpointer.save(step, self.state, {"data": stream.get_state(), "step": step,
-                                                    "guards": guard.state(), "num_pairs": len(self.train_pairs)},
-                                 force=True)
-        if signum:
-          train.stop_preempted(signum, step, checkpointer=self.checkpointer, logger=logger, title="dpo")
-      if pending is not None:
-        guard.observe(*sharding.to_host(pending))
+        row = dict(_summary(m), objective=float(m["loss"]), grad_norm=float(m["grad_norm"]), lr=float(m["lr"]),
+                   skipped=float(self.state.skipped), **{"tok/s": tokens / dt,
+                                                         "padding": 1.0 - tokens / arrays["tokens"].size})
+        train.finish_step(s, row, logger=logger, history=history, results=results,
+                          evaluate=lambda _: self.evaluate(), eval_every=cfg.eval.every, total_steps=cfg.steps)
+      elif cfg.eval.every and s % cfg.eval.every == 0:
+        ev = self.evaluate()
+        logger.log(s, ev)
+        results["eval_after"] = ev
+
+    def save(s: int) -> None:
+      self.checkpointer.save(s, self.state, {"data": stream.get_state(), "step": s, "guards": guard.state(),
+                                             "num_pairs": len(self.train_pairs)}, force=True)
+
+    train.run_steps(start_step=start_step, last=last, total_steps=cfg.steps, log_every=cfg.log_every, name="dpo",
+                    step=step, report=report, save=save, checkpointer=self.checkpointer, guard=guard, logger=logger)
