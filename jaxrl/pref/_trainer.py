@@ -29,6 +29,7 @@ from flax import nnx
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
 from jaxrl.pref._data import Pair, PairStream, pair_batch, read_pairs, write_builtin_pairs
+from jaxrl.pref._rm import export_reward_model, sequence_scores
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,24 +41,45 @@ class PrefData(data_lib.TaskData):
   "Seed of each epoch's pair order."
 
 
+BRADLEY_TERRY = "bradley_terry"
+"""``loss.name`` of reward-model training (module docstring)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PrefLoss(train.ChunkedLoss):
   name: str = "sigmoid"
-  "A name of jaxrl.losses.PREFERENCE_LOSSES: sigmoid (DPO), robust, ipo, hinge, simpo, orpo."
+  ("A name of jaxrl.losses.PREFERENCE_LOSSES: sigmoid (DPO), robust, ipo, hinge, simpo, orpo; or bradley_terry: "
+   "train a reward model (trunk + scalar head, jaxrl.losses.bradley_terry_loss).")
   beta: float = 0.1
+  "β of the DPO family (not used by bradley_terry)."
   label_smoothing: float = 0.0
   "Conservative/robust DPO's ε (losses that take it)."
   gamma: float = 0.0
   "SimPO's target margin."
+  center_coef: float = 0.0
+  "bradley_terry: λ of the centring term λ·(r_c + r_r)² (TRL's center_rewards_coefficient)."
 
   def __post_init__(self):
-    if self.name not in losses.PREFERENCE_LOSSES:
-      raise ValueError(f"loss.name must be one of {sorted(losses.PREFERENCE_LOSSES)}, got {self.name!r}")
+    if self.name != BRADLEY_TERRY and self.name not in losses.PREFERENCE_LOSSES:
+      raise ValueError(f"loss.name must be one of {sorted(losses.PREFERENCE_LOSSES) + [BRADLEY_TERRY]}, "
+                       f"got {self.name!r}")
+    if self.reward_model and (self.label_smoothing or self.gamma):
+      raise ValueError("loss.label_smoothing and loss.gamma do not apply to loss.name: bradley_terry")
+    if self.center_coef and not self.reward_model:
+      raise ValueError(f"loss.center_coef applies to loss.name: bradley_terry only, not {self.name!r}")
+    if self.center_coef < 0:
+      raise ValueError(f"loss.center_coef must be >= 0, got {self.center_coef}")
+
+  @property
+  def reward_model(self) -> bool:
+    """Whether this trains a Bradley–Terry reward model (rather than the policy)."""
+    return self.name == BRADLEY_TERRY
 
   @property
   def length_normalised(self) -> bool:
     """Whether the loss takes the completions' lengths (SimPO, ORPO)."""
-    return "chosen_lengths" in inspect.signature(losses.PREFERENCE_LOSSES[self.name]).parameters
+    return (not self.reward_model
+            and "chosen_lengths" in inspect.signature(losses.PREFERENCE_LOSSES[self.name]).parameters)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -106,6 +128,13 @@ class DPOConfig(train.TrainerConfig):
                        f"packing.global_rows={self.packing.global_rows}")
     if not self.data.train and self.data.builtin is None:
       raise ValueError("data: give data.train files or data.builtin")
+    if self.loss.reward_model:
+      if self.reference != "none":
+        raise ValueError("loss.name: bradley_terry trains a reward model, which has no reference: set "
+                         f"reference: none (got {self.reference!r})")
+      if self.lora is not None:
+        raise ValueError("loss.name: bradley_terry: LoRA is not supported for reward models yet; remove `lora:`")
+      return
     needs_ref = self.loss.name not in ("simpo", "orpo")
     if needs_ref and self.reference == "none":
       raise ValueError(f"loss {self.loss.name!r} needs a reference: reference must be 'model' or 'precompute'")
@@ -161,13 +190,32 @@ def pref_loss_fn(graphdef, loss_cfg: PrefLoss, reference: str):
     per_pair, m = losses.preference_loss(loss_cfg.name, chosen, rejected, *ref, beta=loss_cfg.beta,
                                          label_smoothing=loss_cfg.label_smoothing, gamma=loss_cfg.gamma,
                                          **lengths)  # [P]
-    valid = batch["pair_valid"]
-    metrics = {"pairs": jnp.sum(valid), "loss_sum": jnp.sum(valid * per_pair),
-               "accuracy_sum": jnp.sum(valid * m["accuracy"]), "margin_sum": jnp.sum(valid * m["margins"]),
-               "chosen_reward_sum": jnp.sum(valid * m["rewards_chosen"]),
-               "rejected_reward_sum": jnp.sum(valid * m["rewards_rejected"])}
-    return jnp.sum(batch["pair_weight"] * per_pair), metrics
+    return jnp.sum(batch["pair_weight"] * per_pair), _metric_sums(batch["pair_valid"], per_pair, m)
   return loss_fn
+
+
+def rm_loss_fn(graphdef, loss_cfg: PrefLoss):
+  """``loss(params, batch) -> (Σ pair_weight·ℓ, metric sums)`` of a Bradley–Terry reward model
+  (:class:`jaxrl.models.ValueModel`): each sequence's reward is the head at its last token
+  (:func:`jaxrl.pref.sequence_scores`), ``ℓ = -log σ(r_c - r_r - m) + λ·(r_c + r_r)²`` per pair
+  (:func:`jaxrl.losses.bradley_terry_loss`; ``m`` the batch's ``margins``, ``λ = loss.center_coef``)."""
+  def loss_fn(params, batch):
+    values = nnx.merge(graphdef, params)(batch["tokens"], positions=batch["positions"],
+                                         segment_ids=batch["segment_ids"])  # [R, T]
+    num_pairs = batch["pair_valid"].shape[0]
+    scores = sequence_scores(values, batch["seq_ids"], 2 * num_pairs)  # [2P]
+    per_pair, m = losses.bradley_terry_loss(scores[0::2], scores[1::2], margin=batch["margins"],
+                                            center_coef=loss_cfg.center_coef)  # [P]
+    return jnp.sum(batch["pair_weight"] * per_pair), _metric_sums(batch["pair_valid"], per_pair, m)
+  return loss_fn
+
+
+def _metric_sums(valid: jax.Array, per_pair: jax.Array, m: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Sums over the valid pairs of the loss, accuracy, margin and rewards (means: :func:`_summary`)."""
+  return {"pairs": jnp.sum(valid), "loss_sum": jnp.sum(valid * per_pair),
+          "accuracy_sum": jnp.sum(valid * m["accuracy"]), "margin_sum": jnp.sum(valid * m["margins"]),
+          "chosen_reward_sum": jnp.sum(valid * m["rewards_chosen"]),
+          "rejected_reward_sum": jnp.sum(valid * m["rewards_rejected"])}
 
 
 def pref_prepare(batch):
@@ -192,6 +240,8 @@ class DPOTrainer(train.PackedTrainer):
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
     self._pairs = sharding.process_slice(cfg.pairs)  # and its pairs
     self._build_model()
+    if cfg.loss.reward_model:  # the trunk with the critic's scalar head (zero: every reward 0 at step 0)
+      self.model = models.place_value_model(models.ValueModel(self.model), mesh=self.mesh, rules=self.rules)
     self.skips = data_lib.SkipReport()
     self.train_pairs, self.heldout_pairs = self._load_pairs()
     self._build_state()
@@ -224,7 +274,7 @@ class DPOTrainer(train.PackedTrainer):
     """The trained state, the step, the evaluation function and the reference inputs."""
     cfg = self.cfg
     params, optim_cfg, lr_scale = self._trainable()
-    dtype = self.model.cfg.dtype
+    dtype = self.model_config.dtype
     lora = cfg.lora is not None
     self.ref_inputs = ()  # the frozen copy (reference: model, no LoRA), an input of every step
     mode = {"model": "lora" if lora else "copy", "precompute": "batch", "none": "none"}[cfg.reference]
@@ -233,7 +283,8 @@ class DPOTrainer(train.PackedTrainer):
     # precompute: the reference is the initial weights (or the LoRA base), run once by _precompute
     self._ref_fn = jax.jit(reference_logps(self.graphdef, cfg.loss.chunk_size, lora=lora))
     self._ref_params = params if cfg.reference == "precompute" and not lora else None
-    loss_fn = pref_loss_fn(self.graphdef, cfg.loss, mode)
+    loss_fn = rm_loss_fn(self.graphdef, cfg.loss) if cfg.loss.reward_model else pref_loss_fn(self.graphdef,
+                                                                                            cfg.loss, mode)
     if lora:
       loss_fn = models.lora_loss(loss_fn)
     self._init_state(params, optim_cfg, lr_scale, name="dpo")
@@ -244,6 +295,21 @@ class DPOTrainer(train.PackedTrainer):
         compute_view=lambda p, dtype=dtype: models.compute_view(p, dtype))
     self._eval_fn = jax.jit(lambda p, b, *extra: loss_fn(p, pref_prepare(b), *extra)[1])
 
+  @property
+  def model_config(self) -> models.ModelConfig:
+    """The decoder's config (a reward model's: its trunk's)."""
+    return self.model.trunk.cfg if self.cfg.loss.reward_model else self.model.cfg
+
+  def _export(self, results: dict[str, Any]) -> None:
+    """A reward model: the trunk and the head's file in ``out_dir/hf`` (:func:`jaxrl.pref.export_reward_model`);
+    a policy: the shared export."""
+    if not self.cfg.loss.reward_model:
+      return super()._export(results)
+    if self.cfg.export_hf:
+      results["reward_head"] = str(export_reward_model(self.current_model(), self.out_dir / "hf",
+                                                       tokenizer=self.tokenizer))
+      results["hf_dir"] = str(self.out_dir / "hf")
+
   def _precompute(self) -> tuple[np.ndarray, np.ndarray]:
     """Reference log-probs ``[n, 2]`` (chosen, rejected) of every train and held-out pair, in batches shaped
     like the training batches."""
@@ -251,7 +317,7 @@ class DPOTrainer(train.PackedTrainer):
     if cfg.lora is not None:
       params, frozen = self.state.params, self.frozen
     else:
-      params, frozen = models.cast_params(self._ref_params, self.model.cfg.dtype, copy=True), ()
+      params, frozen = models.cast_params(self._ref_params, self.model_config.dtype, copy=True), ()
     out = []
     for pairs in (self.train_pairs, self.heldout_pairs):
       cache = np.zeros((len(pairs), 2), np.float32)
