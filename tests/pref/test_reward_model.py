@@ -121,15 +121,18 @@ def test_packing_two_ways_gives_the_same_loss_and_gradients_and_the_unpacked_sco
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5 * np.abs(np.asarray(b)).max())
 
 
-def test_trainer_step_loss_equals_the_loss_on_unpacked_sequences(tmp_path, tokenizer):
-  """Step 2's logged loss (after one update, so rewards are not all 0) equals float64 numpy's Bradley–Terry
-  loss with the pairs' margins and centring on step 2's pairs, each sequence scored alone with the weights
-  after step 1; a resumed run logs it."""
+def test_step_loss_equals_numpy_on_unpacked_sequences_and_resume_is_bitwise(tmp_path, tokenizer):
+  """A run killed after step 1 and resumed: step 2's logged loss (rewards no longer all 0) equals float64 numpy's
+  Bradley–Terry loss with the pairs' margins and centring on step 2's pairs, each sequence scored alone with the
+  weights after step 1; the final parameters equal an uninterrupted run's bitwise."""
   path = tmp_path / "pairs.jsonl"
   rng = np.random.default_rng(0)
   records = [dict(r, margin=float(rng.uniform(0, 1))) for r in _records(24)]
   path.write_text("".join(json.dumps(r) + "\n" for r in records))
-  cfg = _cfg(tmp_path, data={"train": [str(path)]}, steps=2, checkpoint={"every": 1, "keep": 2})
+  over = {"data": {"train": [str(path)]}, "steps": 3}
+  straight = pref.DPOTrainer(_cfg(tmp_path / "a", **over))
+  straight.run()
+  cfg = _cfg(tmp_path / "b", checkpoint={"every": 1, "keep": 2}, **over)
   first = pref.DPOTrainer(cfg)
   assert first.run(until=1)["stopped_at"] == 1
   vm = first.current_model()
@@ -140,19 +143,10 @@ def test_trainer_step_loss_equals_the_loss_on_unpacked_sequences(tmp_path, token
   rr = _unpacked_scores(vm, [p.rejected for p in step2])
   assert np.abs(rc).max() > 1e-4  # the head moved
   want = np.mean(_np_bt(rc, rr, np.asarray([p.margin for p in step2]), 0.05)[0])
-  resumed = pref.DPOTrainer(cfg).run()
+  resumed_trainer = pref.DPOTrainer(cfg)
+  resumed = resumed_trainer.run()
   assert resumed["start_step"] == 1
   np.testing.assert_allclose(resumed["history"][0]["loss"], want, rtol=1e-5)
-
-
-def test_resume_after_kill_matches_uninterrupted_run_bitwise(tmp_path):
-  straight = pref.DPOTrainer(_cfg(tmp_path / "a"))
-  straight.run()
-  cfg = _cfg(tmp_path / "b", checkpoint={"every": 2, "keep": 2})
-  assert pref.DPOTrainer(cfg).run(until=2)["stopped_at"] == 2
-  resumed_trainer = pref.DPOTrainer(cfg)
-  assert resumed_trainer.run()["start_step"] == 2
-  assert np.abs(np.asarray(straight.current_model().value_head[...])).max() > 0  # the head trained
   for a, b in zip(jax.tree.leaves(straight.state.params), jax.tree.leaves(resumed_trainer.state.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
