@@ -9,32 +9,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import losses, models, pref
 
-TINY = {"preset": "tiny", "overrides": {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
-                                        "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-                                        "dtype": "float32", "param_dtype": "float32"}}
+from test_dpo_trainer import TINY
+from test_dpo_trainer import _cfg as _dpo_cfg
 
 
 def _cfg(tmp_path, **over):
-  base = {
-      "model": TINY,
-      "data": {"builtin": {"n_train": 64, "n_heldout": 16, "difficulty": 2, "seed": 0}},
-      "pairs": 8,
-      "packing": {"seq_len": 128, "global_rows": 8},
-      "loss": {"name": "bradley_terry", "center_coef": 0.05},
-      "reference": "none",
-      "optim": {"lr": 3e-3, "warmup_steps": 0, "schedule": "constant"},
-      "steps": 4,
-      "eval": {"every": 0},
-      "out_dir": str(tmp_path / "run"),
-      "export_hf": False,
-      "tensorboard": False,
-  }
-  data = config_lib.apply_overrides(base, [f"{k}={json.dumps(v)}" for k, v in over.items()])
-  return config_lib.from_dict(pref.DPOConfig, data)
+  """The DPO tests' tiny config as a reward model: bradley_terry with centring, no reference, 64 train pairs."""
+  base = {"data": {"builtin": {"n_train": 64, "n_heldout": 16, "difficulty": 2, "seed": 0}},
+          "loss": {"name": "bradley_terry", "center_coef": 0.05}, "reference": "none",
+          "optim": {"lr": 3e-3, "warmup_steps": 0, "schedule": "constant"}}
+  return _dpo_cfg(tmp_path, **dict(base, **over))
 
 
 @pytest.fixture(scope="module")
