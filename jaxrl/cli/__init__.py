@@ -19,7 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("backend, devices, processes, and the mesh and model a config would build", "jaxrl.cli.info:main"),
     "sft": ("supervised fine-tuning with packing (default: tiny model on the built-in task)",
             "jaxrl.cli.sft:main"),
-    "dpo": ("preference optimisation (DPO, IPO, SimPO, ORPO...) on chosen/rejected pairs", "jaxrl.cli.dpo:main"),
+    "dpo": ("preference optimisation (DPO, IPO, SimPO, ORPO...) or a Bradley-Terry reward model on chosen/rejected "
+            "pairs", "jaxrl.cli.dpo:main"),
     "latent": ("Coconut: training with continuous latent thoughts (stage curriculum, ablations) and latent decoding",
                "jaxrl.cli.latent:main"),
     "rl": ("RL (GRPO/DAPO/GRPO+/decoupled PPO) from a YAML recipe", "jaxrl.cli.rl:main"),

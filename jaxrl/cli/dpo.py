@@ -1,4 +1,5 @@
-"""``jaxrl dpo [--config FILE] [key=value ...]``: preference optimisation (DPO, IPO, SimPO, ORPO, ...) on pairs."""
+"""``jaxrl dpo [--config FILE] [key=value ...]``: preference optimisation (DPO, IPO, SimPO, ORPO, ...) on pairs, or a
+Bradley–Terry reward model (``loss.name: bradley_terry``)."""
 
 from __future__ import annotations
 

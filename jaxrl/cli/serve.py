@@ -1,4 +1,5 @@
-"""``jaxrl serve --model DIR``: load a local HF checkpoint and serve it over the OpenAI API."""
+"""``jaxrl serve --model DIR``: load a local HF checkpoint and serve it over the OpenAI API (a reward model's
+directory, with ``reward_head.safetensors``: ``POST /v1/rewards``)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from jaxrl import models, sampling
+from jaxrl import models, pref, sampling
 from jaxrl.cli.sample import load_inference_model
 from jaxrl.rl import EngineConfig, build_engine
-from jaxrl.serve import ServerThread, create_app
+from jaxrl.serve import ServerThread, create_app, create_reward_app
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +63,9 @@ def build_app(argv: list[str] | None = None):
   """``(app, args)`` for ``jaxrl serve`` arguments, without starting the server (tests, embedding)."""
   args = build_parser().parse_args(argv)
   tokenizer = models.load_tokenizer(args.tokenizer or args.model)
+  if (Path(args.model) / pref.REWARD_HEAD_FILE).is_file():  # a reward model: POST /v1/rewards
+    rm = pref.RewardModel.load(args.model, tokenizer=tokenizer, rows=args.max_batch_rows, seq_len=args.max_len)
+    return create_reward_app(rm, model_name=args.served_model_name or Path(args.model).resolve().name), args
   model = load_inference_model(args.model, dtype=args.dtype, param_dtype=args.param_dtype)
   backend = make_backend(args, model, tokenizer)
   app = create_app(backend, model_name=args.served_model_name or Path(args.model).resolve().name,

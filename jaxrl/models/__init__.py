@@ -55,6 +55,7 @@ from jaxrl.models._placement import abstract_model, cast_params, compute_view, i
 from jaxrl.models._source import ModelSource, convert, describe_model_section
 from jaxrl.models._transformer import Placement, Transformer, apply_rope, rope_frequencies
 from jaxrl.models._transformer import add_lora
+from jaxrl.models._value import ValueModel, build_value_model, place_value_model
 
 __all__ = [
     "LORA_LR_MULTIPLIER",
@@ -92,6 +93,7 @@ __all__ = [
     "Placement",
     "RopeScaling",
     "Transformer",
+    "ValueModel",
     "abstract_model",
     "apply_rope",
     "cache_axes",
@@ -113,4 +115,6 @@ __all__ = [
     "write_page_blocks",
     "write_page_tokens",
     "write_rows",
+    "build_value_model",
+    "place_value_model",
 ]

@@ -29,11 +29,13 @@ PAIR_KEYS = ("tokens", "targets", "positions", "segment_ids", "loss_mask", "seq_
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
-  """One tokenised pair: the chosen and rejected sequences (``tokens``, ``loss_mask`` [L] each)."""
+  """One tokenised pair: the chosen and rejected sequences (``tokens``, ``loss_mask`` [L] each) and the
+  record's optional ``margin`` (the Bradley–Terry margin ``m``; 0 when absent)."""
 
   chosen: dict[str, np.ndarray]
   rejected: dict[str, np.ndarray]
   where: str
+  margin: float = 0.0
 
 
 def _messages(value: Any, role: str, field: str) -> list[dict[str, Any]]:
@@ -59,14 +61,23 @@ def pair_messages(record: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
   if missing:
     raise data_lib.DataError(f"missing field(s) {missing}; a pair needs 'prompt', 'chosen' and 'rejected'",
                              reason="missing field")
-  prompt = [dict(m, train=False) for m in _messages(record["prompt"], "user", "prompt")]
-  out = []
-  for field in ("chosen", "rejected"):
-    answer = _messages(record[field], "assistant", field)
-    if not any(m["role"] == "assistant" for m in answer):
-      raise data_lib.DataError(f"'{field}' has no assistant message", reason="no assistant turn")
-    out.append(prompt + answer)
-  return out[0], out[1]
+  return (answer_messages(record["prompt"], record["chosen"], field="chosen"),
+          answer_messages(record["prompt"], record["rejected"], field="rejected"))
+
+
+def answer_messages(prompt: Any, answer: Any, *, field: str = "completion") -> list[dict[str, Any]]:
+  """The conversation of ``prompt`` (a string: one user turn; or chat messages, not trained) followed by
+  ``answer`` (a string: one assistant turn; or messages, the assistant's trained); ``field`` names the answer
+  in errors.
+
+  Raises:
+    DataError: naming the malformed field.
+  """
+  conversation = [dict(m, train=False) for m in _messages(prompt, "user", "prompt")]
+  answer = _messages(answer, "assistant", field)
+  if not any(m["role"] == "assistant" for m in answer):
+    raise data_lib.DataError(f"'{field}' has no assistant message", reason="no assistant turn")
+  return conversation + answer
 
 
 def encode_pair(tokenizer, record: Any, where: str) -> Pair:
@@ -75,8 +86,11 @@ def encode_pair(tokenizer, record: Any, where: str) -> Pair:
     chosen, rejected = (data_lib.encode_chat(tokenizer, m) for m in pair_messages(record))
   except data_lib.DataError as e:
     raise data_lib.DataError(f"{where}: {e}", reason=e.reason) from None
+  margin = record.get("margin", 0.0)
+  if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not np.isfinite(margin):
+    raise data_lib.DataError(f"{where}: 'margin' must be a finite number, got {margin!r}", reason="wrong type")
   keep = ("tokens", "loss_mask")
-  return Pair({k: chosen[k] for k in keep}, {k: rejected[k] for k in keep}, where)
+  return Pair({k: chosen[k] for k in keep}, {k: rejected[k] for k in keep}, where, float(margin))
 
 
 def read_pairs(paths: tuple[str, ...], tokenizer) -> list[Pair]:
@@ -148,18 +162,11 @@ def write_builtin_pairs(out_dir: Path, builtin: data_lib.BuiltinTask) -> tuple[P
   return train_path, data_lib.write_jsonl(heldout, out_dir / "heldout.jsonl")
 
 
-def pack_pairs(pairs: list[Pair], *, rows: int, seq_len: int, method: str, pad_id: int = 0) -> dict[str, np.ndarray]:
-  """The :data:`PAIR_KEYS` arrays ``[rows, seq_len]`` of ``pairs`` (module docstring), plus per-pair
-  ``chosen_lengths`` and ``rejected_lengths`` ``[P]`` (scored tokens).
-
-  Raises:
-    DataError: when the ``2P`` sequences do not fit in ``rows`` rows.
-  """
-  seqs = [s for p in pairs for s in (p.chosen, p.rejected)]
-  placed = data_lib.assign_rows([len(s["tokens"]) for s in seqs], seq_len, method=method)
-  if len(placed) > rows:
-    raise data_lib.DataError(f"{len(pairs)} pairs need {len(placed)} rows of {seq_len} tokens, the batch has "
-                             f"{rows}; raise packing.global_rows or lower batch.pairs", reason="batch overflow")
+def pack_sequences(seqs: list[dict[str, np.ndarray]], placed: list[list[int]], *, rows: int, seq_len: int,
+                   pad_id: int = 0) -> dict[str, np.ndarray]:
+  """The :data:`PAIR_KEYS` arrays ``[rows, seq_len]`` of sequences ``seqs`` (``tokens``, ``loss_mask`` [L]
+  each) placed in rows as ``placed`` says (:func:`jaxrl.data.assign_rows`); ``seq_ids`` is ``j + 1`` on
+  sequence ``j``, 0 on padding."""
   out = {k: np.zeros((rows, seq_len), np.int32) for k in PAIR_KEYS}
   out["tokens"][:] = pad_id
   out["targets"][:] = pad_id
@@ -176,9 +183,26 @@ def pack_pairs(pairs: list[Pair], *, rows: int, seq_len: int, method: str, pad_i
       out["loss_mask"][r, o:o + length - 1] = np.asarray(seqs[j]["loss_mask"], bool)[1:]
       out["seq_ids"][r, o:o + length] = j + 1
       o += length
+  return out
+
+
+def pack_pairs(pairs: list[Pair], *, rows: int, seq_len: int, method: str, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """The :data:`PAIR_KEYS` arrays ``[rows, seq_len]`` of ``pairs`` (module docstring), plus per-pair
+  ``chosen_lengths`` and ``rejected_lengths`` (scored tokens) and ``margins`` (:attr:`Pair.margin`) ``[P]``.
+
+  Raises:
+    DataError: when the ``2P`` sequences do not fit in ``rows`` rows.
+  """
+  seqs = [s for p in pairs for s in (p.chosen, p.rejected)]
+  placed = data_lib.assign_rows([len(s["tokens"]) for s in seqs], seq_len, method=method)
+  if len(placed) > rows:
+    raise data_lib.DataError(f"{len(pairs)} pairs need {len(placed)} rows of {seq_len} tokens, the batch has "
+                             f"{rows}; raise packing.global_rows or lower batch.pairs", reason="batch overflow")
+  out = pack_sequences(seqs, placed, rows=rows, seq_len=seq_len, pad_id=pad_id)
   scored = [int(np.sum(np.asarray(s["loss_mask"], bool)[1:])) for s in seqs]
   out["chosen_lengths"] = np.asarray(scored[0::2], np.float32)
   out["rejected_lengths"] = np.asarray(scored[1::2], np.float32)
+  out["margins"] = np.asarray([p.margin for p in pairs], np.float32)
   return out
 
 

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
-import time
-from pathlib import Path
 from typing import Any, Literal
 
 import jax
@@ -29,11 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl import config as config_lib
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
-from jaxrl.models import ModelSource
 from jaxrl.pref._data import Pair, PairStream, pair_batch, read_pairs, write_builtin_pairs
+from jaxrl.pref._rm import export_reward_model, sequence_scores
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,26 +41,45 @@ class PrefData(data_lib.TaskData):
   "Seed of each epoch's pair order."
 
 
+BRADLEY_TERRY = "bradley_terry"
+"""``loss.name`` of reward-model training (module docstring)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PrefLoss:
+class PrefLoss(train.ChunkedLoss):
   name: str = "sigmoid"
-  "A name of jaxrl.losses.PREFERENCE_LOSSES: sigmoid (DPO), robust, ipo, hinge, simpo, orpo."
+  ("A name of jaxrl.losses.PREFERENCE_LOSSES: sigmoid (DPO), robust, ipo, hinge, simpo, orpo; or bradley_terry: "
+   "train a reward model (trunk + scalar head, jaxrl.losses.bradley_terry_loss).")
   beta: float = 0.1
+  "β of the DPO family (not used by bradley_terry)."
   label_smoothing: float = 0.0
   "Conservative/robust DPO's ε (losses that take it)."
   gamma: float = 0.0
   "SimPO's target margin."
-  chunk_size: int = 256
-  "Tokens per chunk of the chunked log-prob computation."
+  center_coef: float = 0.0
+  "bradley_terry: λ of the centring term λ·(r_c + r_r)² (TRL's center_rewards_coefficient)."
 
   def __post_init__(self):
-    if self.name not in losses.PREFERENCE_LOSSES:
-      raise ValueError(f"loss.name must be one of {sorted(losses.PREFERENCE_LOSSES)}, got {self.name!r}")
+    if self.name != BRADLEY_TERRY and self.name not in losses.PREFERENCE_LOSSES:
+      raise ValueError(f"loss.name must be one of {sorted(losses.PREFERENCE_LOSSES) + [BRADLEY_TERRY]}, "
+                       f"got {self.name!r}")
+    if self.reward_model and (self.label_smoothing or self.gamma):
+      raise ValueError("loss.label_smoothing and loss.gamma do not apply to loss.name: bradley_terry")
+    if self.center_coef and not self.reward_model:
+      raise ValueError(f"loss.center_coef applies to loss.name: bradley_terry only, not {self.name!r}")
+    if self.center_coef < 0:
+      raise ValueError(f"loss.center_coef must be >= 0, got {self.center_coef}")
+
+  @property
+  def reward_model(self) -> bool:
+    """Whether this trains a Bradley–Terry reward model (rather than the policy)."""
+    return self.name == BRADLEY_TERRY
 
   @property
   def length_normalised(self) -> bool:
     """Whether the loss takes the completions' lengths (SimPO, ORPO)."""
-    return "chosen_lengths" in inspect.signature(losses.PREFERENCE_LOSSES[self.name]).parameters
+    return (not self.reward_model
+            and "chosen_lengths" in inspect.signature(losses.PREFERENCE_LOSSES[self.name]).parameters)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,18 +95,16 @@ class PairPacking:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PrefEval:
-  every: int = 50
-  "Steps between evaluations (and at the end); 0 disables."
+class PrefEval(train.EvalCadence):
   pairs: int = 0
   "Held-out pairs evaluated (the first ones); 0: all."
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DPOConfig:
-  model: ModelSource = dataclasses.field(default_factory=lambda: ModelSource(preset="tiny"))
-  tokenizer: str | None = None
-  "Tokenizer dir; default the model's hf_dir, else the built-in tiny tokenizer."
+class DPOConfig(train.TrainerConfig):
+  """``jaxrl dpo``: the shared trainer sections (:class:`jaxrl.train.TrainerConfig`) plus pairs, packing, loss,
+  reference and eval."""
+
   data: PrefData = dataclasses.field(default_factory=PrefData)
   pairs: int = 8
   "Preference pairs per global batch."
@@ -99,25 +112,15 @@ class DPOConfig:
   loss: PrefLoss = dataclasses.field(default_factory=PrefLoss)
   reference: Literal["model", "precompute", "none"] = "model"
   "Reference log-probs: recomputed each step (frozen copy; LoRA: the base), precomputed once, or none."
-  optim: train.OptimConfig = dataclasses.field(default_factory=train.OptimConfig)
   micro_batches: int = 1
   "Gradient-accumulation micro-batches per global batch (each packs pairs / micro_batches pairs)."
-  steps: int = 100
   eval: PrefEval = dataclasses.field(default_factory=PrefEval)
-  checkpoint: train.CheckpointConfig = dataclasses.field(default_factory=train.CheckpointConfig)
-  guards: train.GuardConfig = dataclasses.field(default_factory=train.GuardConfig)
-  mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
   lora: models.LoraConfig | None = None
   "Train LoRA adapters only; the base with adapters off is then the reference."
   out_dir: str = "runs/dpo"
-  export_hf: bool = True
-  "Write an HF directory (out_dir/hf; with LoRA also the PEFT adapter, out_dir/adapter) at the end."
-  log_every: int = 1
-  tensorboard: bool = True
 
   def __post_init__(self):
-    if self.steps < 1:
-      raise ValueError(f"steps must be >= 1, got {self.steps}")
+    super().__post_init__()
     if self.pairs < 1:
       raise ValueError(f"pairs must be >= 1, got {self.pairs}")
     if self.micro_batches < 1 or self.pairs % self.micro_batches or self.packing.global_rows % self.micro_batches:
@@ -125,6 +128,13 @@ class DPOConfig:
                        f"packing.global_rows={self.packing.global_rows}")
     if not self.data.train and self.data.builtin is None:
       raise ValueError("data: give data.train files or data.builtin")
+    if self.loss.reward_model:
+      if self.reference != "none":
+        raise ValueError("loss.name: bradley_terry trains a reward model, which has no reference: set "
+                         f"reference: none (got {self.reference!r})")
+      if self.lora is not None:
+        raise ValueError("loss.name: bradley_terry: LoRA is not supported for reward models yet; remove `lora:`")
+      return
     needs_ref = self.loss.name not in ("simpo", "orpo")
     if needs_ref and self.reference == "none":
       raise ValueError(f"loss {self.loss.name!r} needs a reference: reference must be 'model' or 'precompute'")
@@ -180,13 +190,32 @@ def pref_loss_fn(graphdef, loss_cfg: PrefLoss, reference: str):
     per_pair, m = losses.preference_loss(loss_cfg.name, chosen, rejected, *ref, beta=loss_cfg.beta,
                                          label_smoothing=loss_cfg.label_smoothing, gamma=loss_cfg.gamma,
                                          **lengths)  # [P]
-    valid = batch["pair_valid"]
-    metrics = {"pairs": jnp.sum(valid), "loss_sum": jnp.sum(valid * per_pair),
-               "accuracy_sum": jnp.sum(valid * m["accuracy"]), "margin_sum": jnp.sum(valid * m["margins"]),
-               "chosen_reward_sum": jnp.sum(valid * m["rewards_chosen"]),
-               "rejected_reward_sum": jnp.sum(valid * m["rewards_rejected"])}
-    return jnp.sum(batch["pair_weight"] * per_pair), metrics
+    return jnp.sum(batch["pair_weight"] * per_pair), _metric_sums(batch["pair_valid"], per_pair, m)
   return loss_fn
+
+
+def rm_loss_fn(graphdef, loss_cfg: PrefLoss):
+  """``loss(params, batch) -> (Σ pair_weight·ℓ, metric sums)`` of a Bradley–Terry reward model
+  (:class:`jaxrl.models.ValueModel`): each sequence's reward is the head at its last token
+  (:func:`jaxrl.pref.sequence_scores`), ``ℓ = -log σ(r_c - r_r - m) + λ·(r_c + r_r)²`` per pair
+  (:func:`jaxrl.losses.bradley_terry_loss`; ``m`` the batch's ``margins``, ``λ = loss.center_coef``)."""
+  def loss_fn(params, batch):
+    values = nnx.merge(graphdef, params)(batch["tokens"], positions=batch["positions"],
+                                         segment_ids=batch["segment_ids"])  # [R, T]
+    num_pairs = batch["pair_valid"].shape[0]
+    scores = sequence_scores(values, batch["seq_ids"], 2 * num_pairs)  # [2P]
+    per_pair, m = losses.bradley_terry_loss(scores[0::2], scores[1::2], margin=batch["margins"],
+                                            center_coef=loss_cfg.center_coef)  # [P]
+    return jnp.sum(batch["pair_weight"] * per_pair), _metric_sums(batch["pair_valid"], per_pair, m)
+  return loss_fn
+
+
+def _metric_sums(valid: jax.Array, per_pair: jax.Array, m: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Sums over the valid pairs of the loss, accuracy, margin and rewards (means: :func:`_summary`)."""
+  return {"pairs": jnp.sum(valid), "loss_sum": jnp.sum(valid * per_pair),
+          "accuracy_sum": jnp.sum(valid * m["accuracy"]), "margin_sum": jnp.sum(valid * m["margins"]),
+          "chosen_reward_sum": jnp.sum(valid * m["rewards_chosen"]),
+          "rejected_reward_sum": jnp.sum(valid * m["rewards_rejected"])}
 
 
 def pref_prepare(batch):
@@ -202,39 +231,24 @@ def _summary(m: dict[str, Any], prefix: str = "") -> dict[str, float]:
           f"{prefix}rejected_reward": float(m["rejected_reward_sum"]) / n}
 
 
-class DPOTrainer:
+class DPOTrainer(train.PackedTrainer):
   """Builds everything once; :meth:`run` trains, evaluates, checkpoints and exports."""
 
   def __init__(self, cfg: DPOConfig):
-    self.cfg = cfg
-    self.out_dir = Path(cfg.out_dir)
-    self.out_dir.mkdir(parents=True, exist_ok=True)
-    self.pid = jax.process_index()
-    if self.pid == 0:
-      (self.out_dir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=2))
-    self.mesh = cfg.mesh.build()
-    self.rules = cfg.mesh.logical_rules()
-    dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    for what, n in (("pairs", cfg.pairs), ("packing.global_rows", cfg.packing.global_rows)):
-      if n % (dp * cfg.micro_batches):
-        raise ValueError(f"{what}={n} must be a multiple of data-parallel devices ({dp}) × micro_batches "
-                         f"({cfg.micro_batches})")
+    self._setup_run(cfg)
+    self._check_divisible(pairs=cfg.pairs, **{"packing.global_rows": cfg.packing.global_rows})
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
     self._pairs = sharding.process_slice(cfg.pairs)  # and its pairs
-    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
-    self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
-    models.check_tokenizer(self.tokenizer, self.model.cfg)
+    self._build_model()
+    if cfg.loss.reward_model:  # the trunk with the critic's scalar head (zero: every reward 0 at step 0)
+      self.model = models.place_value_model(models.ValueModel(self.model), mesh=self.mesh, rules=self.rules)
     self.skips = data_lib.SkipReport()
     self.train_pairs, self.heldout_pairs = self._load_pairs()
     self._build_state()
     self.ref_cache = None  # [n, 2] reference log-probs of train pairs; held-out: heldout_ref_cache
     if cfg.reference == "precompute":
       self.ref_cache, self.heldout_ref_cache = self._precompute()
-    self.checkpointer = None
-    if cfg.checkpoint.every:
-      self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every,
-                                             keep=cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every,
-                                             async_save=cfg.checkpoint.async_save)
+    self._make_checkpointer()
 
   def _load_pairs(self) -> tuple[list[Pair], list[Pair]]:
     cfg = self.cfg
@@ -259,17 +273,8 @@ class DPOTrainer:
   def _build_state(self) -> None:
     """The trained state, the step, the evaluation function and the reference inputs."""
     cfg = self.cfg
-    optim_cfg, lr_scale = cfg.optim, None
-    self.frozen = ()  # the frozen base under LoRA (an input of every forward)
-    if cfg.lora is not None:
-      models.apply_lora(self.model, cfg.lora, seed=cfg.model.seed, rules=self.rules)
-      self.graphdef, params, base = models.split_lora(self.model)
-      self.frozen = (base,)
-      optim_cfg = dataclasses.replace(cfg.optim, lr=cfg.optim.lr * cfg.lora.lr_multiplier)
-      lr_scale = models.lr_scale_tree(params, cfg.lora.b_lr_ratio)
-    else:
-      self.graphdef, params = nnx.split(self.model)
-    dtype = self.model.cfg.dtype
+    params, optim_cfg, lr_scale = self._trainable()
+    dtype = self.model_config.dtype
     lora = cfg.lora is not None
     self.ref_inputs = ()  # the frozen copy (reference: model, no LoRA), an input of every step
     mode = {"model": "lora" if lora else "copy", "precompute": "batch", "none": "none"}[cfg.reference]
@@ -278,20 +283,32 @@ class DPOTrainer:
     # precompute: the reference is the initial weights (or the LoRA base), run once by _precompute
     self._ref_fn = jax.jit(reference_logps(self.graphdef, cfg.loss.chunk_size, lora=lora))
     self._ref_params = params if cfg.reference == "precompute" and not lora else None
-    loss_fn = pref_loss_fn(self.graphdef, cfg.loss, mode)
+    loss_fn = rm_loss_fn(self.graphdef, cfg.loss) if cfg.loss.reward_model else pref_loss_fn(self.graphdef,
+                                                                                            cfg.loss, mode)
     if lora:
       loss_fn = models.lora_loss(loss_fn)
-    self.optimizer = train.make_optimizer(optim_cfg, cfg.steps, lr_scale=lr_scale)
-    self.schedule = train.make_schedule(optim_cfg, cfg.steps)
-    sharding.barrier("dpo-init")  # processes start their first collectives together
-    self.state = train.place_on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
-    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    self._init_state(params, optim_cfg, lr_scale, name="dpo")
     self.pair_sharding = sharding.logical_sharding(("batch",), self.mesh, self.rules)
     self.step_fn = train.make_train_step(
         loss_fn, self.optimizer, micro_batches=cfg.micro_batches, mesh=self.mesh, rules=self.rules,
         schedule=self.schedule, prepare=pref_prepare,
         compute_view=lambda p, dtype=dtype: models.compute_view(p, dtype))
     self._eval_fn = jax.jit(lambda p, b, *extra: loss_fn(p, pref_prepare(b), *extra)[1])
+
+  @property
+  def model_config(self) -> models.ModelConfig:
+    """The decoder's config (a reward model's: its trunk's)."""
+    return self.model.trunk.cfg if self.cfg.loss.reward_model else self.model.cfg
+
+  def _export(self, results: dict[str, Any]) -> None:
+    """A reward model: the trunk and the head's file in ``out_dir/hf`` (:func:`jaxrl.pref.export_reward_model`);
+    a policy: the shared export."""
+    if not self.cfg.loss.reward_model:
+      return super()._export(results)
+    if self.cfg.export_hf:
+      results["reward_head"] = str(export_reward_model(self.current_model(), self.out_dir / "hf",
+                                                       tokenizer=self.tokenizer))
+      results["hf_dir"] = str(self.out_dir / "hf")
 
   def _precompute(self) -> tuple[np.ndarray, np.ndarray]:
     """Reference log-probs ``[n, 2]`` (chosen, rejected) of every train and held-out pair, in batches shaped
@@ -300,7 +317,7 @@ class DPOTrainer:
     if cfg.lora is not None:
       params, frozen = self.state.params, self.frozen
     else:
-      params, frozen = models.cast_params(self._ref_params, self.model.cfg.dtype, copy=True), ()
+      params, frozen = models.cast_params(self._ref_params, self.model_config.dtype, copy=True), ()
     out = []
     for pairs in (self.train_pairs, self.heldout_pairs):
       cache = np.zeros((len(pairs), 2), np.float32)
@@ -333,13 +350,6 @@ class DPOTrainer:
     return {k: sharding.global_batch(v[self._rows], self.batch_sharding) if v.ndim == 2
             else sharding.global_batch(v[self._pairs], self.pair_sharding) for k, v in arrays.items()}
 
-  def current_model(self, *, for_sampling: bool = False):
-    """The model with the current parameters; with LoRA and ``for_sampling``, adapters merged in."""
-    model = nnx.merge(self.graphdef, self.state.params, *self.frozen)
-    if for_sampling and self.cfg.lora is not None:
-      return models.merged_base(model)
-    return model
-
   def evaluate(self) -> dict[str, float]:
     """Loss, reward accuracy, margin and implicit rewards over the held-out pairs (means over pairs)."""
     pairs, cfg = self.heldout_pairs, self.cfg
@@ -364,15 +374,8 @@ class DPOTrainer:
     stream = PairStream(len(self.train_pairs), seed=cfg.data.shuffle_seed)
     guard = train.SkipGuard(cfg.guards, log=print)
     start_step = self._resume(stream, guard)
-    logger = train.process_logger(self.out_dir, self.pid, total_steps=cfg.steps, desc="dpo",
-                                  show=("loss", "accuracy", "tok/s", "eval_accuracy", "eval_margin"),
-                                  tensorboard=cfg.tensorboard)
-    guard.log = logger.note
-    first_eval = self.evaluate() if start_step == 0 and cfg.eval.every else {}
-    if first_eval:
-      logger.log(0, first_eval)
-    results: dict[str, Any] = {"start_step": start_step, "eval_before": first_eval}
-    last = cfg.steps if until is None else min(until, cfg.steps)
+    logger, results, last = self._begin_run(guard, start_step=start_step, until=until, name="dpo",
+                                            show=("loss", "accuracy", "tok/s", "eval_accuracy", "eval_margin"))
     history: list[dict[str, float]] = []
     try:
       self._train_steps(stream, guard, logger, results, history, start_step, last)
@@ -390,9 +393,7 @@ class DPOTrainer:
       return dict(results, losses=losses_seen, history=history, stopped_at=last)
     results.update(steps=cfg.steps, losses=losses_seen, plot=str(plot) if plot else None,
                    skipped=int(self.state.skipped), reference=cfg.reference)
-    if cfg.export_hf:
-      train.export_hf(results, out_dir=self.out_dir, model=self.current_model(for_sampling=True),
-                      adapter=self.current_model() if cfg.lora is not None else None, tokenizer=self.tokenizer)
+    self._export(results)
     train.write_results(results, self.out_dir, pid=self.pid)
     return dict(results, history=history)
 
@@ -411,42 +412,35 @@ class DPOTrainer:
 
   def _train_steps(self, stream: PairStream, guard: train.SkipGuard, logger: train.MetricsLogger,
                    results: dict[str, Any], history: list[dict[str, float]], start_step: int, last: int) -> None:
-    """Steps ``start_step + 1 .. last``: the update, the progress line every ``log_every`` steps
-    (:func:`jaxrl.train.finish_step`, with the evaluation cadence), the checkpoint and the pre-emption poll."""
+    """Steps ``start_step + 1 .. last`` through :func:`jaxrl.train.run_steps`: the update, the progress line
+    every ``log_every`` steps (:func:`jaxrl.train.finish_step`, with the evaluation cadence), the checkpoint
+    and the pre-emption poll."""
     cfg = self.cfg
-    t_last = time.perf_counter()
-    pending = None  # (step, skipped, non-finite micro-batches, loss) of the last step, read one step late
-    with train.PreemptionGuard() as preempt:
-      for step in range(start_step + 1, last + 1):
-        sharding.barrier("dpo-step")
-        arrays = self._batch(stream.take(cfg.pairs))
+    last_arrays: list[dict[str, np.ndarray]] = []
+
+    def step(s: int):
+      arrays = self._batch(stream.take(cfg.pairs))
+      last_arrays[:] = [arrays]
+      self.state, metrics = self.step_fn(self.state, self._device_batch(arrays), *self.frozen, *self.ref_inputs)
+      return metrics
+
+    def report(s: int, m, dt: float) -> None:
+      if m is not None:
+        arrays = last_arrays[0]
         tokens = int(np.sum(arrays["segment_ids"] > 0))
-        self.state, metrics = self.step_fn(self.state, self._device_batch(arrays), *self.frozen, *self.ref_inputs)
-        if pending is not None:  # the previous step is done by now: reading its flags does not stall
-          guard.observe(*sharding.to_host(pending))
-        pending = (step, metrics["skipped"], metrics[train.NONFINITE_KEY], metrics["loss"])
-        if step % cfg.log_every == 0 or step == cfg.steps:
-          m = sharding.to_host(metrics)
-          now = time.perf_counter()
-          dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
-          t_last = now
-          row = dict(_summary(m), objective=float(m["loss"]), grad_norm=float(m["grad_norm"]), lr=float(m["lr"]),
-                     skipped=float(self.state.skipped), **{"tok/s": tokens / dt, "padding": 1.0 - tokens / arrays[
-                         "tokens"].size})
-          train.finish_step(step, row, logger=logger, history=history, results=results,
-                            evaluate=lambda _: self.evaluate(), eval_every=cfg.eval.every, total_steps=cfg.steps)
-        elif cfg.eval.every and step % cfg.eval.every == 0:
-          ev = self.evaluate()
-          logger.log(step, ev)
-          results["eval_after"] = ev
-        signum = preempt.requested()
-        if self.checkpointer is not None and (self.checkpointer.due(step) or step == last or signum):
-          guard.observe(*sharding.to_host(pending))
-          pending = None
-          self.checkpointer.save(step, self.state, {"data": stream.get_state(), "step": step,
-                                                    "guards": guard.state(), "num_pairs": len(self.train_pairs)},
-                                 force=True)
-        if signum:
-          train.stop_preempted(signum, step, checkpointer=self.checkpointer, logger=logger, title="dpo")
-      if pending is not None:
-        guard.observe(*sharding.to_host(pending))
+        row = dict(_summary(m), objective=float(m["loss"]), grad_norm=float(m["grad_norm"]), lr=float(m["lr"]),
+                   skipped=float(self.state.skipped), **{"tok/s": tokens / dt,
+                                                         "padding": 1.0 - tokens / arrays["tokens"].size})
+        train.finish_step(s, row, logger=logger, history=history, results=results,
+                          evaluate=lambda _: self.evaluate(), eval_every=cfg.eval.every, total_steps=cfg.steps)
+      elif cfg.eval.every and s % cfg.eval.every == 0:
+        ev = self.evaluate()
+        logger.log(s, ev)
+        results["eval_after"] = ev
+
+    def save(s: int) -> None:
+      self.checkpointer.save(s, self.state, {"data": stream.get_state(), "step": s, "guards": guard.state(),
+                                             "num_pairs": len(self.train_pairs)}, force=True)
+
+    train.run_steps(start_step=start_step, last=last, total_steps=cfg.steps, log_every=cfg.log_every, name="dpo",
+                    step=step, report=report, save=save, checkpointer=self.checkpointer, guard=guard, logger=logger)

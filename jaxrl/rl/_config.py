@@ -191,10 +191,31 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RewardSection:
-  """The reward function and its runner."""
+class RewardModelSection:
+  """``reward.model``: a Bradley–Terry reward model scores every sample on the trainer's mesh (batched,
+  jitted; :class:`jaxrl.pref.RewardModel`); its score is the task reward."""
 
-  fn: str = "jaxrl.rl:arithmetic_reward"
+  path: str
+  "The reward model's directory: out_dir/hf of `jaxrl dpo` with loss.name: bradley_terry (docs/pref.md)."
+  rows: int = 8
+  "Rows per scoring batch (a multiple of the data-parallel devices)."
+  seq_len: int = 512
+  "Tokens per row; a prompt + completion longer than this is an error (never truncated)."
+
+  def __post_init__(self):
+    if self.rows < 1 or self.seq_len < 2:
+      raise ValueError(f"reward.model: rows >= 1 and seq_len >= 2, got {self.rows}, {self.seq_len}")
+
+
+DEFAULT_REWARD = "jaxrl.rl:arithmetic_reward"
+"""``reward.fn`` when none is given."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardSection:
+  """The reward function and its runner (or a reward model, ``reward.model``)."""
+
+  fn: str = DEFAULT_REWARD
   ("Import path ``module:function`` or a built-in name (math, code, format, reasoning_gym, judge, pairwise_judge, "
    "rubric, rubric_anchor, alignxplore_jud, alignxplore_gen).")
   kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -202,8 +223,12 @@ class RewardSection:
   runner: RewardRunnerConfig = dataclasses.field(default_factory=RewardRunnerConfig)
   correct_threshold: float = 0.5
   "A sample counts as correct (the `accuracy` metric) when its task reward exceeds this."
+  model: RewardModelSection | None = None
+  "A reward model instead of `fn`: {path: <rm dir>, rows, seq_len}; its score is the task reward."
 
   def __post_init__(self):
+    if self.model is not None and (self.fn != DEFAULT_REWARD or self.kwargs):
+      raise config_lib.ConfigError("reward: give reward.fn (with reward.kwargs) or reward.model, not both")
     _validate.check_reward(self.fn, self.kwargs)
 
 

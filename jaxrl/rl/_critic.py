@@ -2,9 +2,10 @@
 
 Design (docs/design.md, "PPO's critic"): the critic is a separate model with the policy's
 architecture whose unembedding is replaced by a scalar value head ``[D] -> 1`` (``value_head``, zero
-initialised, so ``V ≡ 0`` before the first update). Its trunk starts from the policy's initial weights
-(the ``model:`` section) or from ``critic.model``; it has its own optimizer (``critic.optim``), its own
-train step (:func:`jaxrl.train.make_train_step`) and is sharded by the same logical rules.
+initialised, so ``V ≡ 0`` before the first update: :class:`jaxrl.models.ValueModel`, which the reward
+model of ``jaxrl.pref`` shares). Its trunk starts from the policy's initial weights (the ``model:``
+section) or from ``critic.model``; it has its own optimizer (``critic.optim``), its own train step
+(:func:`jaxrl.train.make_train_step`) and is sharded by the same logical rules.
 
 Per RL step (:class:`Critic`):
 
@@ -33,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl import losses, models, sharding, train
-from jaxrl.models import ModelSource
+from jaxrl import losses, sharding, train
+from jaxrl.models import ModelSource, build_value_model
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CriticConfig:
@@ -69,36 +70,6 @@ class CriticConfig:
 
 # ----------------------------------------------------------------------------------------------------
 # The value model
-
-
-class ValueModel(nnx.Module):
-  """A decoder trunk (:class:`jaxrl.models.Transformer`, unembedding dropped) and a scalar value head.
-
-  ``V = h · w + b`` with ``h`` the final normed hidden state ``[B, T, D]``; float32 out.
-  """
-
-  def __init__(self, trunk: models.Transformer):
-    trunk.lm_head = None  # the value head replaces the unembedding (tied: the embedding stays, as the input)
-    self.trunk = trunk
-    d = trunk.cfg.hidden_size
-    self.value_head = nnx.Param(jnp.zeros((d,), jnp.float32), out_sharding=("embed",), eager_sharding=False)
-    self.value_bias = nnx.Param(jnp.zeros((), jnp.float32))
-
-  def __call__(self, tokens: jax.Array, *, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:  # [B, T]
-    h = self.trunk(tokens, positions=positions, segment_ids=segment_ids, return_hidden=True)  # [B, T, D]
-    with jax.named_scope("value_head"):
-      v = jnp.einsum("btd,d->bt", h, self.value_head[...].astype(h.dtype), preferred_element_type=jnp.float32)
-    return v + self.value_bias[...]
-
-
-def build_value_model(source: ModelSource, *, mesh=None, rules=None) -> ValueModel:
-  """The critic built from ``source`` (trunk weights) with a zero value head, placed on ``mesh``."""
-  vm = ValueModel(source.build(mesh=mesh, rules=rules))
-  if mesh is None:
-    return vm
-  graphdef, state = nnx.split(vm)
-  state = jax.device_put(state, models.state_shardings(state, mesh, rules))
-  return nnx.merge(graphdef, state)
 
 
 def critic_values(graphdef, params, mb) -> jax.Array:  # [B, T] float32

@@ -84,6 +84,16 @@ def reward_fields(record: dict[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in record.items() if k not in PROMPT_KEYS and not k.startswith("_")}
 
 
+def rm_prompt(record: dict[str, Any]) -> str | list[dict[str, Any]]:
+  """The record's prompt as a reward model reads it (:class:`jaxrl.pref.RewardModel`): ``prompt``, or the
+  ``messages`` before the last assistant turn (what :func:`jaxrl.data.encode_prompt` samples from)."""
+  if "messages" not in record:
+    return record["prompt"]
+  messages = data_lib.record_messages(record)
+  assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+  return messages[:assistant[-1]] if assistant else messages
+
+
 class EncodedPrompts:
   """Records with their prompt token ids and rendered prompt text; over-long prompts are skipped."""
 

@@ -38,7 +38,7 @@ from flax import nnx
 
 from jaxrl import config as config_lib
 from jaxrl import data as data_lib
-from jaxrl import models, sampling, sharding, train
+from jaxrl import models, pref, sampling, sharding, train
 from jaxrl import rewards as rewards_lib
 from jaxrl.rewards import RewardRunner
 from jaxrl.rl import _critic
@@ -47,7 +47,7 @@ from jaxrl.rl._engine_build import build_sampler, rollout_max_len
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout, step_metrics, update_metrics
 from jaxrl.rl._loss import make_logprob_fn
 from jaxrl.rl._packing import PackedBatch, pack_sequences, pad_micro_batches
-from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields
+from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields, rm_prompt
 from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
 from jaxrl.rl._source import EngineRollout, RolloutSource
 
@@ -105,7 +105,13 @@ class RLTrainer:
     self.state = _on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
     self.train_prompts, self.heldout_prompts = load_prompt_sets(cfg.data, self.tokenizer)
     self.stream = PromptStream(len(self.train_prompts), seed=cfg.data.shuffle_seed)
-    self.rewards = RewardRunner(cfg.reward.fn, config=cfg.reward.runner, reward_kwargs=cfg.reward.kwargs)
+    self.reward_model = None  # reward.model: scores each chunk on this mesh, then the pool reads the scores
+    if cfg.reward.model is not None:
+      rm = cfg.reward.model
+      self.reward_model = pref.RewardModel.load(rm.path, mesh=self.mesh, rules=self.rules, rows=rm.rows,
+                                                seq_len=rm.seq_len)
+    self.rewards = RewardRunner(pref.reward_model_score if self.reward_model else cfg.reward.fn,
+                                config=cfg.reward.runner, reward_kwargs=cfg.reward.kwargs)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
     self.critic = (_critic.Critic(cfg, mesh=self.mesh, rules=self.rules, batch_sharding=self.batch_sharding)
                    if cfg.critic is not None else None)  # PPO's value model (gae/egae)
@@ -182,6 +188,9 @@ class RLTrainer:
     fields = [reward_fields(prompts.records[i]) for i in rows]
     if self.reward_prefetch is not None:
       self.reward_prefetch(list(texts), fields)
+    if self.reward_model is not None:  # one batched forward on the mesh for the whole chunk
+      scores = self.reward_model.score([rm_prompt(prompts.records[i]) for i in rows], list(texts))
+      fields = [dict(f, rm_score=float(v)) for f, v in zip(fields, scores)]
     keys = sorted({k for f in fields for k in f})  # every sample gets every column (None where absent)
     return [self.rewards.submit(prompts.texts[i], text, index=offset + k, **{c: f.get(c) for c in keys})
             for k, (i, text, f) in enumerate(zip(rows, texts, fields))]

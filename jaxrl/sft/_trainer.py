@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,9 +21,7 @@ from flax import nnx
 
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
-from jaxrl.models import ModelSource
 from jaxrl import sampling
-from jaxrl import config as config_lib
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
                "TPU v5": 459.0, "TPU v6 lite": 918.0}
@@ -49,20 +46,16 @@ class SFTData(data_lib.TaskData):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SFTLoss:
+class SFTLoss(train.ChunkedLoss):
   mode: Literal["token_sum", "global_token_mean", "row_mean", "sample_mean", "turn_mean"] = "global_token_mean"
   "Loss weighting (jaxrl.losses.sft_loss_weights); see docs/losses.md."
   divisor: Literal["default", "none", "gbs", "gbs_true"] = "default"
   gbs: float | None = None
   "Constant GBS for the `gbs` divisor; default: rows in the global batch."
-  chunk_size: int = 256
-  "Tokens per chunk of the chunked log-prob computation."
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-  every: int = 50
-  "Steps between evaluations (and at the end); 0 disables."
+class EvalConfig(train.EvalCadence):
   batches: int = 2
   "Held-out batches for the eval loss."
   exact_match: int = 32
@@ -75,33 +68,21 @@ CheckpointConfig = train.CheckpointConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SFTConfig:
-  model: ModelSource = dataclasses.field(default_factory=lambda: ModelSource(preset="tiny"))
-  tokenizer: str | None = None
-  "Tokenizer dir; default the model's hf_dir, else the built-in tiny tokenizer."
+class SFTConfig(train.TrainerConfig):
+  """``jaxrl sft``: the shared trainer sections (:class:`jaxrl.train.TrainerConfig`) plus data, packing, loss
+  and eval."""
+
   data: SFTData = dataclasses.field(default_factory=SFTData)
   packing: data_lib.PackingConfig = dataclasses.field(default_factory=data_lib.PackingConfig)
   loss: SFTLoss = dataclasses.field(default_factory=SFTLoss)
-  optim: train.OptimConfig = dataclasses.field(default_factory=train.OptimConfig)
-  micro_batches: int = 1
-  "Gradient-accumulation micro-batches per global batch."
-  steps: int = 100
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
-  guards: train.GuardConfig = dataclasses.field(default_factory=train.GuardConfig)
-  "Non-finite updates: skipped and counted; abort after guards.max_consecutive_skips in a row."
-  mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
-  lora: models.LoraConfig | None = None
-  "Train LoRA adapters only (base frozen, no optimizer state for it); lr = optim.lr × lora.lr_multiplier."
   out_dir: str = "runs/sft"
   export_hf: bool = True
   "Write an HF directory (out_dir/hf) at the end."
-  log_every: int = 1
-  tensorboard: bool = True
 
   def __post_init__(self):
-    if self.steps < 1:
-      raise ValueError(f"steps must be >= 1, got {self.steps}")
+    super().__post_init__()
     if self.micro_batches < 1 or self.packing.global_rows % self.micro_batches:
       raise ValueError(f"micro_batches={self.micro_batches} must divide packing.global_rows="
                        f"{self.packing.global_rows}")
@@ -143,65 +124,28 @@ def sft_prepare(loss_cfg: SFTLoss):
   return prepare
 
 
-class SFTTrainer:
+class SFTTrainer(train.PackedTrainer):
   """Builds everything once; :meth:`run` trains, evaluates, checkpoints and exports."""
 
   def __init__(self, cfg: SFTConfig):
-    self.cfg = cfg
-    self.out_dir = Path(cfg.out_dir)
-    self.out_dir.mkdir(parents=True, exist_ok=True)
-    self.pid = jax.process_index()
-    if self.pid == 0:
-      (self.out_dir / "config.json").write_text(json.dumps(_to_json(cfg), indent=2))
-    self.mesh = cfg.mesh.build()
-    self.rules = cfg.mesh.logical_rules()
-    dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    if cfg.packing.global_rows % (dp * cfg.micro_batches):
-      raise ValueError(f"packing.global_rows={cfg.packing.global_rows} must be a multiple of data-parallel "
-                       f"devices ({dp}) × micro_batches ({cfg.micro_batches})")
+    self._setup_run(cfg)
+    self._check_divisible(**{"packing.global_rows": cfg.packing.global_rows})
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
-    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
-    self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
-    models.check_tokenizer(self.tokenizer, self.model.cfg)
+    self._build_model()
     self.train_paths, self.heldout_paths = _resolve_data(cfg, self.out_dir)
-    optim_cfg, lr_scale = cfg.optim, None
-    loss_fn = None
-    self.frozen = ()  # extra (non-differentiated) step inputs: the frozen base under LoRA
+    params, optim_cfg, lr_scale = self._trainable()
+    loss_fn = sft_loss_fn(self.graphdef, cfg.loss)
+    eval_loss = sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size))
     if cfg.lora is not None:
-      models.apply_lora(self.model, cfg.lora, seed=cfg.model.seed, rules=self.rules)
-      self.graphdef, params, base = models.split_lora(self.model)
-      self.frozen = (base,)
-      optim_cfg = dataclasses.replace(cfg.optim, lr=cfg.optim.lr * cfg.lora.lr_multiplier)
-      lr_scale = models.lr_scale_tree(params, cfg.lora.b_lr_ratio)
-      loss_fn = models.lora_loss(sft_loss_fn(self.graphdef, cfg.loss))
-      eval_loss = models.lora_loss(sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size)))
-    else:
-      self.graphdef, params = nnx.split(self.model)
-      loss_fn = sft_loss_fn(self.graphdef, cfg.loss)
-      eval_loss = sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size))
-    self.optimizer = train.make_optimizer(optim_cfg, cfg.steps, lr_scale=lr_scale)
-    self.schedule = train.make_schedule(optim_cfg, cfg.steps)
-    sharding.barrier("sft-init")  # processes start their first collectives together
-    self.state = train.place_on_mesh(train.init_train_state(params, self.optimizer), self.mesh)
-    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+      loss_fn, eval_loss = models.lora_loss(loss_fn), models.lora_loss(eval_loss)
+    self._init_state(params, optim_cfg, lr_scale, name="sft")
     self.step_fn = train.make_train_step(
         loss_fn, self.optimizer, micro_batches=cfg.micro_batches,
         mesh=self.mesh, rules=self.rules, schedule=self.schedule, prepare=sft_prepare(cfg.loss),
         compute_view=lambda p, dtype=self.model.cfg.dtype: models.compute_view(p, dtype))
     eval_prepare = sft_prepare(SFTLoss(mode="global_token_mean"))
     self._eval_fn = jax.jit(lambda p, b, *frozen: eval_loss(p, eval_prepare(b), *frozen))
-    self.checkpointer = None
-    if cfg.checkpoint.every:
-      self.checkpointer = train.Checkpointer(self.out_dir / "checkpoints", every=cfg.checkpoint.every,
-                                             keep=cfg.checkpoint.keep, keep_every=cfg.checkpoint.keep_every,
-                                             async_save=cfg.checkpoint.async_save)
-
-  def current_model(self, *, for_sampling: bool = False):
-    """The model with the current parameters; with LoRA and ``for_sampling``, adapters merged in."""
-    model = nnx.merge(self.graphdef, self.state.params, *self.frozen)
-    if for_sampling and self.cfg.lora is not None:
-      return models.merged_base(model)
-    return model
+    self._make_checkpointer()
 
   def _batches(self, paths, *, epochs):
     dcfg = data_lib.DataConfig(paths=tuple(paths), seed=self.cfg.data.shuffle_seed, num_epochs=epochs,
@@ -246,14 +190,8 @@ class SFTTrainer:
     source = self._last_source
     guard = train.SkipGuard(cfg.guards, log=print)
     start_step = self._resume(it, source, guard)
-    logger = train.process_logger(self.out_dir, self.pid, total_steps=cfg.steps, desc="sft",
-                                  show=("loss", "tok/s", "eval_loss", "eval_exact_match"), tensorboard=cfg.tensorboard)
-    guard.log = logger.note
-    first_eval = self.evaluate() if start_step == 0 and cfg.eval.every else {}
-    if first_eval:
-      logger.log(0, first_eval)
-    results: dict[str, Any] = {"start_step": start_step, "eval_before": first_eval}
-    last = cfg.steps if until is None else min(until, cfg.steps)
+    logger, results, last = self._begin_run(guard, start_step=start_step, until=until, name="sft",
+                                            show=("loss", "tok/s", "eval_loss", "eval_exact_match"))
     try:
       losses_seen, stats = self._train_steps(it, source, guard, logger, results, start_step, last)
     finally:
@@ -270,9 +208,7 @@ class SFTTrainer:
       return dict(results, losses=losses_seen, stopped_at=last)
     results.update(steps=cfg.steps, losses=losses_seen, plot=str(plot) if plot else None,
                    skipped=int(self.state.skipped), packing=dataclasses.asdict(stats) if stats is not None else None)
-    if cfg.export_hf:
-      train.export_hf(results, out_dir=self.out_dir, model=self.current_model(for_sampling=True),
-                      adapter=self.current_model() if cfg.lora is not None else None, tokenizer=self.tokenizer)
+    self._export(results)
     train.write_results(results, self.out_dir, pid=self.pid)
     return results
 
@@ -293,55 +229,44 @@ class SFTTrainer:
 
   def _train_steps(self, it, source, guard: train.SkipGuard, logger: train.MetricsLogger, results: dict[str, Any],
                    start_step: int, last: int) -> tuple[list[float], Any]:
-    """Steps ``start_step + 1 .. last``: the update, the progress line every ``log_every`` steps, the evaluation
-    cadence, the checkpoint, and the pre-emption poll (checkpoint, then :class:`jaxrl.train.Preempted`).
-    Returns the losses logged and the packing statistics of the last batch (None when no step ran)."""
+    """Steps ``start_step + 1 .. last`` through :func:`jaxrl.train.run_steps`: the update, the progress line
+    every ``log_every`` steps, the evaluation cadence, the checkpoint, and the pre-emption poll (checkpoint,
+    then :class:`jaxrl.train.Preempted`). Returns the losses logged and the packing statistics of the last
+    batch (None when no step ran)."""
     cfg = self.cfg
     flops_per_token = self.model.cfg.flops_per_token(cfg.packing.seq_len) if hasattr(
         self.model.cfg, "flops_per_token") else None
     peak = _peak_tflops()
-    t_last = time.perf_counter()
     losses_seen = []
-    stats = None  # packing statistics of the last batch trained in this process (none when resumed at the end)
-    pending = None  # (step, skipped, non-finite micro-batches, loss) of the last step, read one step late
-    with train.PreemptionGuard() as preempt:
-      for step in range(start_step + 1, last + 1):
-        sharding.barrier("sft-step")
-        batch = next(it)
-        stats = batch.stats
-        self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
-        if pending is not None:  # the previous step is done by now: reading its flags does not stall
-          guard.observe(*sharding.to_host(pending))
-        pending = (step, metrics["skipped"], metrics[train.NONFINITE_KEY], metrics["loss"])
-        if step % cfg.log_every == 0 or step == cfg.steps:
-          metrics = sharding.to_host(metrics)
-          now = time.perf_counter()
-          dt = (now - t_last) / (cfg.log_every if step % cfg.log_every == 0 else 1)
-          t_last = now
-          real = batch.stats.tokens
-          row = {"loss": float(metrics["nll_sum"]) / max(float(metrics["loss_tokens"]), 1.0),
-                 "objective": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
-                 "lr": float(metrics["lr"]), "tok/s": real / dt, "padding": 1.0 - batch.stats.efficiency,
-                 "skipped": float(self.state.skipped)}
-          if flops_per_token and peak:
-            row["mfu"] = flops_per_token * real / dt / (peak * 1e12 * jax.device_count())
-          losses_seen.append(row["loss"])
-          logger.log(step, row)
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
-          ev = self.evaluate()
-          if ev:
-            logger.log(step, ev)
-            results["eval_after"] = ev
-        signum = preempt.requested()
-        if self.checkpointer is not None and (self.checkpointer.due(step) or step == last or signum):
-          guard.observe(*sharding.to_host(pending))
-          pending = None
-          self._save(step, it, source, guard)
-        if signum:
-          train.stop_preempted(signum, step, checkpointer=self.checkpointer, logger=logger, title="sft")
-      if pending is not None:
-        guard.observe(*sharding.to_host(pending))
-    return losses_seen, stats
+    last_batch = [None]  # the batch of the last step trained in this process (none when resumed at the end)
+
+    def step(s: int):
+      last_batch[0] = batch = next(it)
+      self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
+      return metrics
+
+    def report(s: int, metrics, dt: float) -> None:
+      stats = last_batch[0].stats
+      if metrics is not None:
+        real = stats.tokens
+        row = {"loss": float(metrics["nll_sum"]) / max(float(metrics["loss_tokens"]), 1.0),
+               "objective": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
+               "lr": float(metrics["lr"]), "tok/s": real / dt, "padding": 1.0 - stats.efficiency,
+               "skipped": float(self.state.skipped)}
+        if flops_per_token and peak:
+          row["mfu"] = flops_per_token * real / dt / (peak * 1e12 * jax.device_count())
+        losses_seen.append(row["loss"])
+        logger.log(s, row)
+      if cfg.eval.every and (s % cfg.eval.every == 0 or s == cfg.steps):
+        ev = self.evaluate()
+        if ev:
+          logger.log(s, ev)
+          results["eval_after"] = ev
+
+    train.run_steps(start_step=start_step, last=last, total_steps=cfg.steps, log_every=cfg.log_every, name="sft",
+                    step=step, report=report, save=lambda s: self._save(s, it, source, guard),
+                    checkpointer=self.checkpointer, guard=guard, logger=logger)
+    return losses_seen, last_batch[0].stats if last_batch[0] is not None else None
 
   def _save(self, step: int, it, source, guard: train.SkipGuard) -> None:
     """Checkpoints ``step``: the state, every process's data-iterator state and data files' fingerprint (checked
@@ -420,6 +345,3 @@ def _peak_tflops() -> float | None:
       return tf
   return None
 
-
-def _to_json(cfg) -> Any:
-  return config_lib.to_dict(cfg)

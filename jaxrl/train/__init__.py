@@ -1,5 +1,6 @@
-"""Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging, and the
-training-loop skeleton every trainer runs through (``_loop.py``: logger, step tail, export, results).
+"""Training machinery: optimizers, the jitted step with gradient accumulation, checkpoints, logging, the
+training-loop skeleton every trainer runs through (``_loop.py``: logger, step tail, export, results), and the
+config, set-up and step loop the packed-batch trainers share (``_trainer.py``).
 
 Layer (docs/design.md): may import ``rewards``, ``sampling`` and the layers below; not the trainers or
 anything above.
@@ -25,6 +26,7 @@ from jaxrl.train._loop import (
 )
 from jaxrl.train._optim import OptimConfig, make_optimizer, make_schedule
 from jaxrl.train._preempt import Preempted, PreemptionGuard
+from jaxrl.train._trainer import ChunkedLoss, EvalCadence, PackedTrainer, TrainerConfig, run_steps
 from jaxrl.train._step import (
     NONFINITE_KEY,
     TrainState,
@@ -40,15 +42,19 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointError",
     "Checkpointer",
+    "ChunkedLoss",
+    "EvalCadence",
     "GuardConfig",
     "LossSpikeError",
     "MetricsLogger",
     "NonFiniteError",
     "OptimConfig",
+    "PackedTrainer",
     "Preempted",
     "PreemptionGuard",
     "SkipGuard",
     "TrainState",
+    "TrainerConfig",
     "accumulate_gradients",
     "eval_if_resumed_at_end",
     "export_hf",
@@ -62,6 +68,7 @@ __all__ = [
     "place_on_mesh",
     "process_logger",
     "resumable",
+    "run_steps",
     "split_micro_batches",
     "stop_preempted",
     "write_results",

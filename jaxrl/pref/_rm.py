@@ -1,0 +1,166 @@
+"""Bradley–Terry reward models: the sequence score, the export of trunk + head, and the batched scorer.
+
+A reward model is :class:`jaxrl.models.ValueModel` (a decoder trunk and a scalar head ``[D] -> 1``, the
+critic's construction); the reward of a sequence is the head's output at its **last token** (the end of the
+answer's turn), as TRL's ``RewardTrainer`` and InstructGPT read it. In a packed row that token is the last
+one of its ``seq_ids`` run, so a sequence's score does not depend on what else shares its row.
+
+Export (``out_dir/hf`` of ``jaxrl dpo`` with ``loss.name: bradley_terry``): the trunk as a Hugging Face
+directory (:func:`jaxrl.models.save_pretrained`; without ``lm_head.weight``, which the reward model does not
+have) plus :data:`REWARD_HEAD_FILE`, a safetensors file with ``score.weight`` ``[1, D]`` and ``score.bias``
+``[1]`` (float32; the names of ``transformers``' ``*ForSequenceClassification`` head, which has no bias):
+``r = h_last · score.weight[0] + score.bias[0]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl import data as data_lib
+from jaxrl import models, sharding
+from jaxrl.pref._data import answer_messages, pack_sequences
+
+REWARD_HEAD_FILE = "reward_head.safetensors"
+"""The reward head's file in an exported reward-model directory (module docstring)."""
+
+
+def last_token_mask(seq_ids: jax.Array) -> jax.Array:  # [R, T] bool
+  """True at the last token of each sequence of packed rows (``seq_ids`` > 0, runs of one id per sequence)."""
+  seq_ids = jnp.asarray(seq_ids)
+  following = jnp.concatenate([seq_ids[:, 1:], jnp.zeros_like(seq_ids[:, :1])], axis=1)  # [R, T]
+  return (seq_ids > 0) & (following != seq_ids)
+
+
+def sequence_scores(values: jax.Array, seq_ids: jax.Array, num_sequences: int) -> jax.Array:  # [S]
+  """The value at each sequence's last token, ``[S]`` (sequence ``j`` carries ``seq_ids == j + 1``; a
+  sequence absent from the rows scores 0).
+
+  Args:
+    values: ``[R, T]`` per-token head outputs.
+    seq_ids: ``[R, T]`` sequence ids (0 padding), as :func:`jaxrl.pref.pack_pairs` lays them out.
+    num_sequences: ``S``.
+  """
+  last = last_token_mask(seq_ids)  # [R, T]
+  idx = jnp.where(last, jnp.asarray(seq_ids) - 1, num_sequences)  # [R, T]
+  picked = jnp.where(last, values, 0.0)
+  return jax.ops.segment_sum(picked.reshape(-1), idx.reshape(-1), num_segments=num_sequences + 1)[:-1]
+
+
+def export_reward_model(vm: models.ValueModel, path: str | Path, *, tokenizer=None) -> Path:
+  """Writes the trunk (HF directory) and :data:`REWARD_HEAD_FILE` under ``path``; returns the head's path."""
+  from safetensors.numpy import save_file  # lazy: safetensors is only needed to export
+
+  path = Path(path)
+  models.save_pretrained(vm.trunk, path, tokenizer=tokenizer)
+  head = sharding.to_host({"w": vm.value_head[...], "b": vm.value_bias[...]})
+  if jax.process_index() == 0:
+    save_file({"score.weight": np.asarray(head["w"], np.float32).reshape(1, -1),
+               "score.bias": np.asarray(head["b"], np.float32).reshape(1)}, str(path / REWARD_HEAD_FILE))
+  return path / REWARD_HEAD_FILE
+
+
+def load_reward_model(path: str | Path, *, mesh=None, rules=None, dtype: str | None = None) -> models.ValueModel:
+  """The reward model exported by :func:`export_reward_model` (trunk + head), placed on ``mesh``.
+
+  Raises:
+    FileNotFoundError: naming the missing :data:`REWARD_HEAD_FILE`.
+    ValueError: when the head's shapes do not match the trunk.
+  """
+  from safetensors.numpy import load_file  # lazy: safetensors is only needed to load a reward model
+
+  path = Path(path)
+  head_path = path / REWARD_HEAD_FILE
+  if not head_path.is_file():
+    raise FileNotFoundError(f"{head_path}: no reward head; a reward-model directory is the out_dir/hf of "
+                            "`jaxrl dpo` with loss.name: bradley_terry (docs/pref.md)")
+  # The trunk has no unembedding; tying it makes the loader not ask for lm_head.weight.
+  vm = models.ValueModel(models.load_pretrained(path, mesh=mesh, rules=rules, dtype=dtype, tie_word_embeddings=True))
+  head = load_file(str(head_path))
+  d = vm.trunk.cfg.hidden_size
+  w, b = head.get("score.weight"), head.get("score.bias")
+  if w is None or b is None or w.shape != (1, d) or b.shape != (1,):
+    raise ValueError(f"{head_path}: want score.weight [1, {d}] and score.bias [1], got "
+                     f"{ {k: list(v.shape) for k, v in head.items()} }")
+  vm.value_head[...] = jnp.asarray(w[0], jnp.float32)
+  vm.value_bias[...] = jnp.asarray(b[0], jnp.float32)
+  return models.place_value_model(vm, mesh=mesh, rules=rules)
+
+
+class RewardModel:
+  """Scores ``(prompt, completion)`` batches with a reward model on a mesh: one jitted forward per
+  ``[rows, seq_len]`` packed batch, no server.
+
+  Each pair is encoded as the trainer encodes a preference pair's answer (:func:`jaxrl.pref.answer_messages`
+  through the chat template), the sequences are packed (best fit) into batches of ``rows`` rows, and each
+  score is the head's output at the sequence's last token (:func:`sequence_scores`).
+  """
+
+  def __init__(self, vm: models.ValueModel, tokenizer, *, rows: int = 8, seq_len: int = 512, mesh=None,
+               rules=None):
+    if jax.process_count() > 1:
+      raise ValueError("reward.model: the reward model scores on one process only so far")
+    self.tokenizer, self.rows, self.seq_len = tokenizer, rows, seq_len
+    self.mesh = mesh if mesh is not None else sharding.MeshConfig().build()
+    self.rules = rules if rules is not None else sharding.LogicalRules.default()
+    dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    if rows % dp:
+      raise ValueError(f"reward.model.rows={rows} must be a multiple of the data-parallel devices ({dp})")
+    models.check_tokenizer(tokenizer, vm.trunk.cfg)
+    self.graphdef, self.params = nnx.split(models.place_value_model(vm, mesh=self.mesh, rules=self.rules))
+    self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    graphdef = self.graphdef
+
+    def forward(params, batch):  # [R, T]
+      return nnx.merge(graphdef, params)(batch["tokens"], positions=batch["positions"],
+                                         segment_ids=batch["segment_ids"])
+    self._forward = jax.jit(forward)
+
+  @classmethod
+  def load(cls, path: str | Path, *, tokenizer=None, mesh=None, rules=None, **kwargs) -> RewardModel:
+    """The exported reward model of ``path`` (its tokenizer by default); ``kwargs``: ``rows``, ``seq_len``."""
+    vm = load_reward_model(path, mesh=mesh, rules=rules)
+    return cls(vm, tokenizer or models.load_tokenizer(path), mesh=mesh, rules=rules, **kwargs)
+
+  def encode(self, prompt: Any, completion: Any, where: str = "sample") -> dict[str, np.ndarray]:
+    """``tokens`` and ``loss_mask`` [L] of one scored sequence.
+
+    Raises:
+      ValueError: when the sequence is longer than ``seq_len`` (never truncated).
+    """
+    seq = data_lib.encode_chat(self.tokenizer, answer_messages(prompt, completion))
+    if len(seq["tokens"]) > self.seq_len:
+      raise ValueError(f"{where}: prompt + completion is {len(seq['tokens'])} tokens, longer than "
+                       f"reward.model.seq_len={self.seq_len}")
+    return {"tokens": seq["tokens"], "loss_mask": seq["loss_mask"]}
+
+  def score(self, prompts: Sequence[Any], completions: Sequence[Any]) -> np.ndarray:  # [N] float32
+    """The reward of each ``(prompt, completion)``; prompts are strings or chat-message lists."""
+    if len(prompts) != len(completions):
+      raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    seqs = [self.encode(p, c, f"sample {i}") for i, (p, c) in enumerate(zip(prompts, completions))]
+    out = np.zeros(len(seqs), np.float32)
+    if not seqs:
+      return out
+    placed = data_lib.assign_rows([len(s["tokens"]) for s in seqs], self.seq_len, method="best_fit")
+    pad = self.tokenizer.pad_token_id or 0
+    for lo in range(0, len(placed), self.rows):
+      arrays = pack_sequences(seqs, placed[lo:lo + self.rows], rows=self.rows, seq_len=self.seq_len, pad_id=pad)
+      batch = {k: sharding.global_batch(arrays[k], self.batch_sharding) for k in ("tokens", "positions", "segment_ids")}
+      values = sharding.to_host(self._forward(self.params, batch))  # [R, T]
+      rr, cc = np.nonzero(np.asarray(last_token_mask(arrays["seq_ids"])))
+      out[arrays["seq_ids"][rr, cc] - 1] = values[rr, cc]
+    return out
+
+
+def reward_model_score(prompt: str, completion: str, *, rm_score: float, **_) -> float:
+  """The reward function of ``jaxrl rl`` under ``reward.model``: the score :class:`RewardModel` computed for the
+  sample's whole batch before it reached the pool (passed as the sample field ``rm_score``)."""
+  del prompt, completion
+  return float(rm_score)
