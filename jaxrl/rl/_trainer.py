@@ -255,8 +255,8 @@ class RLTrainer:
   def _distill(self, batches: list[dict[str, jax.Array]], packed: list[PackedBatch]) -> dict[str, float]:
     """The teacher's log-probs of every mini-batch's sampled tokens; under ``distill.mode: reverse_kl`` each
     token's advantage gains ``coef · (log π_teacher − log π_student)`` (both from the trainer's log-prob program at
-    the rollout parameters). Returns ``distill/reverse_kl``: the step's mean ``log π_student − log π_teacher``
-    over the loss tokens (the k1 estimate of the reverse KL to the teacher)."""
+    the rollout parameters). Returns ``distill/reverse_kl``, the step's mean ``log π_student − log π_teacher``
+    over the loss tokens (the k1 estimate of the reverse KL to the teacher), and the final ``advantage/abs_mean``."""
     coef = 0.0 if self._gkd else self.cfg.distill.coef
     sums = []
     for pb, batch in zip(packed, batches):

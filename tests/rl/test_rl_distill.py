@@ -164,10 +164,10 @@ def test_tokenizer_mismatch_is_refused(tmp_path, teacher_dir):
 
 @pytest.mark.parametrize("mode", ["reverse_kl", "gkd"])
 def test_tiny_config_brings_the_student_closer_to_the_teacher(tmp_path, peaked_teacher_dir, mode):
-  """configs/distill_tiny.yaml end to end (its quickstart-size teacher given weights), 8 steps."""
+  """configs/distill_tiny.yaml end to end (its quickstart-size teacher given weights), 6 steps."""
   cfg = config_lib.load(RLConfig, CONFIGS / "distill_tiny.yaml", [
       "distill.teacher.preset=null", f"distill.teacher.hf_dir={peaked_teacher_dir}", f"distill.mode={mode}",
-      "steps=8", "eval.every=0", f"out_dir={tmp_path / 'run'}", "tensorboard=false"])
+      "steps=6", "eval.every=0", f"out_dir={tmp_path / 'run'}", "tensorboard=false"])
   trainer = RLTrainer(cfg)
   try:
     trainer.run()
