@@ -118,6 +118,12 @@ from jaxrl.losses._logprobs import (
     token_logprobs,
 )
 from jaxrl.losses._value import value_loss
+from jaxrl.losses._distill import (
+    generalized_jsd,
+    generalized_jsd_loss,
+    reverse_kl_advantages,
+    token_generalized_jsd,
+)
 from jaxrl.losses._preference import (
     PREFERENCE_LOSSES,
     SEQUENCE_LOGP_MODES,
@@ -172,6 +178,8 @@ __all__ = [
     "fixed_kl_controller",
     "gae",
     "gae_returns",
+    "generalized_jsd",
+    "generalized_jsd_loss",
     "global_counts",
     "global_normalize",
     "gmpo",
@@ -203,6 +211,7 @@ __all__ = [
     "reinforce_pp",
     "reinforce_pp_baseline",
     "remax",
+    "reverse_kl_advantages",
     "rloo",
     "sapo",
     "seed_grpo",
@@ -217,6 +226,7 @@ __all__ = [
     "sft_token_sum",
     "sft_turn_mean",
     "tis_weights",
+    "token_generalized_jsd",
     "token_logprobs",
     "token_mask_weights",
     "value_loss",

@@ -24,6 +24,8 @@ from jaxrl.rl._config import (
     RLEvalConfig,
     RolloutConfig,
 )
+from jaxrl.rl._distill_config import DistillConfig
+from jaxrl.rl._distill import Teacher, check_shared_vocab
 from jaxrl.rl._engine_build import build_engine, build_sampler, rollout_max_len
 from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
 from jaxrl.rl._packing import PackedBatch, assign_micro_batches, pack_sequences
@@ -51,6 +53,7 @@ __all__ = [
     "AsyncRLTrainer",
     "BuiltinPrompts",
     "ContextStage",
+    "DistillConfig",
     "EncodedPrompts",
     "EngineConfig",
     "EngineRollout",
@@ -71,11 +74,13 @@ __all__ = [
     "RolloutSource",
     "RubricARM",
     "RubricARMConfig",
+    "Teacher",
     "arithmetic_pairs",
     "arithmetic_reward",
     "assign_micro_batches",
     "build_engine",
     "build_sampler",
+    "check_shared_vocab",
     "compute_advantages",
     "concat_rollouts",
     "draw_rounds",

@@ -17,6 +17,7 @@ from jaxrl.rewards import RewardRunnerConfig
 from jaxrl.rl import _validate
 from jaxrl.rl._critic import CriticConfig
 from jaxrl.rl._async_config import AsyncConfig
+from jaxrl.rl._distill_config import DistillConfig
 from jaxrl.targets import TARGETS
 from jaxrl import config as config_lib
 
@@ -416,6 +417,8 @@ class RLConfig:
   "A value model for PPO with GAE (algorithm.advantage gae/egae; docs/rl.md); null: critic-free."
   asynchronous: AsyncConfig | None = None
   "Asynchronous RL (AReaL / one-off pipelining) on rollout and trainer sub-meshes (docs/async.md); null: synchronous."
+  distill: DistillConfig | None = None
+  "On-policy distillation from a frozen teacher (reverse-KL advantage or GKD loss; docs/rl.md); null: plain RL."
 
   def __post_init__(self):
     if self.steps < 1:
@@ -430,6 +433,8 @@ class RLConfig:
     _validate.check_critic(self.algorithm.advantage, self.algorithm.advantage_kwargs, self.critic is not None)
     if self.asynchronous is not None:
       self.asynchronous.check(self)
+    if self.distill is not None:
+      self.distill.check(self)
     if self.rollout.prompts_per_step % self.algorithm.mini_batches:
       raise ValueError(f"algorithm.mini_batches={self.algorithm.mini_batches} must divide "
                        f"rollout.prompts_per_step={self.rollout.prompts_per_step}")

@@ -49,7 +49,7 @@ def make_logprob_program(fn, num_micro: int, *, mesh, batch_sharding):
 
 
 def make_learner_step(cfg: RLConfig, graphdef, optimizer, *, num_micro: int, max_len: int, mesh, rules,
-                      schedule=None, train_dtype=None):
+                      schedule=None, train_dtype=None, extra_term=None):
   """The jitted RL update step for ``cfg`` (:func:`jaxrl.train.make_train_step` over the algorithm's loss):
   ``num_micro`` scanned micro-batches, the algorithm's batch preparation at ``max_len`` tokens, a LoRA loss under
   ``cfg.lora``, and the parameters viewed in ``train_dtype`` for the forward. ``RLTrainer`` builds one per
@@ -64,11 +64,14 @@ def make_learner_step(cfg: RLConfig, graphdef, optimizer, *, num_micro: int, max
     mesh, rules: where the step runs and the logical-axis rules.
     schedule: the learning-rate schedule, logged by the step.
     train_dtype: the compute dtype of the forward (``models.compute_view``).
+    extra_term: a term added to the loss (:func:`make_loss_fn`; GKD's JSD to the teacher under
+      ``distill.mode: gkd``, whose parameters are then the step's last argument).
 
   Returns:
     ``step(state, batch, flag) -> (state, metrics)`` as :func:`jaxrl.train.make_train_step` returns it.
   """
-  loss_fn = make_loss_fn(graphdef, cfg.algorithm, temperature=cfg.rollout.temperature, num_micro=num_micro)
+  loss_fn = make_loss_fn(graphdef, cfg.algorithm, temperature=cfg.rollout.temperature, num_micro=num_micro,
+                         extra_term=extra_term)
   if cfg.lora is not None:
     loss_fn = models.lora_loss(loss_fn)  # (adapters, mb, base, current_as_old)
   return train.make_train_step(

@@ -19,11 +19,15 @@ MICRO_VECTOR_PREFIX = "mb/"
 """Metrics under this prefix are ``[M]`` vectors, one entry per micro-batch (min/max do not add up)."""
 
 
+def policy_hidden(graphdef, params, mb):
+  """``(model, hidden [B, T, D])``: the policy and its final hidden states over packed rows."""
+  model = nnx.merge(graphdef, params)
+  return model, model(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"], return_hidden=True)
+
+
 def policy_logprobs(graphdef, params, mb, *, temperature: float, chunk_size: int, return_entropy: bool = False):
   """``log π(targets)`` (and entropy) at ``temperature`` over packed rows, float32 ``[B, T]``."""
-  model = nnx.merge(graphdef, params)
-  hidden = model(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"],
-                 return_hidden=True)  # [B, T, D]
+  model, hidden = policy_hidden(graphdef, params, mb)  # [B, T, D]
   return losses.token_logprobs(hidden, model.unembed_matrix(), mb["targets"], chunk_size=chunk_size,
                                temperature=temperature, return_entropy=return_entropy)
 
@@ -64,8 +68,12 @@ def make_prepare(algo: AlgorithmConfig, *, num_groups: int, max_len: int):
   return prepare
 
 
-def make_loss_fn(graphdef, algo: AlgorithmConfig, *, temperature: float, num_micro: int):
-  """``loss_fn(params, micro_batch, current_as_old) -> (loss, metrics)`` for ``make_train_step``.
+def make_loss_fn(graphdef, algo: AlgorithmConfig, *, temperature: float, num_micro: int, extra_term=None):
+  """``loss_fn(params, micro_batch, current_as_old[, *extra]) -> (loss, metrics)`` for ``make_train_step``.
+
+  ``extra_term(model, hidden, micro_batch, *extra) -> (term, metrics)``, when given, is added to the loss with the
+  policy's hidden states ``[B, T, D]`` of the same forward (GKD's JSD to a teacher whose parameters are ``extra``,
+  :class:`jaxrl.rl._distill.Teacher`); its metrics are weighted sums like the objective's.
 
   ``current_as_old`` (scalar bool) makes π_old the stop-gradient of the current log-probs: the
   first mini-batch of a step, whose parameters *are* the rollout parameters (ratio exactly 1, as
@@ -78,9 +86,10 @@ def make_loss_fn(graphdef, algo: AlgorithmConfig, *, temperature: float, num_mic
   """
   objective = losses.OBJECTIVES[algo.objective]
 
-  def loss_fn(params, mb, current_as_old):
-    logp, entropy = policy_logprobs(graphdef, params, mb, temperature=temperature,
-                                    chunk_size=algo.logprob_chunk_size, return_entropy=True)  # [B, T]
+  def loss_fn(params, mb, current_as_old, *extra):
+    model, hidden = policy_hidden(graphdef, params, mb)  # [B, T, D]
+    logp, entropy = losses.token_logprobs(hidden, model.unembed_matrix(), mb["targets"], temperature=temperature,
+                                          chunk_size=algo.logprob_chunk_size, return_entropy=True)  # [B, T]
     w, mask = mb["weights"], mb["loss_mask"]
     sampler_lp = mb["sampler_logprobs"]
     old = jnp.where(current_as_old, jax.lax.stop_gradient(logp), mb["old_logprobs"])
@@ -97,6 +106,10 @@ def make_loss_fn(graphdef, algo: AlgorithmConfig, *, temperature: float, num_mic
       metrics["kl"] = kl_metrics["kl"]
     if algo.entropy_coef > 0:
       loss = loss - algo.entropy_coef * jnp.sum(jnp.where(w != 0, w * entropy, 0.0))
+    if extra_term is not None:
+      term, term_metrics = extra_term(model, hidden, mb, *extra)
+      loss = loss + term
+      metrics.update(term_metrics)
     onehot = jax.nn.one_hot(mb["mb_index"][0], num_micro, dtype=jnp.float32)  # [M]
     valid = mask > 0
     diff = jnp.where(valid, jnp.abs(jax.lax.stop_gradient(logp) - sampler_lp), 0.0)

@@ -43,6 +43,7 @@ from jaxrl import rewards as rewards_lib
 from jaxrl.rewards import RewardRunner
 from jaxrl.rl import _critic
 from jaxrl.rl._config import RLConfig
+from jaxrl.rl._distill import Teacher, add_reverse_kl
 from jaxrl.rl._engine_build import build_sampler, rollout_max_len
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout, step_metrics, update_metrics
 from jaxrl.rl._loss import make_logprob_fn
@@ -72,9 +73,13 @@ class RLTrainer:
                        f"{self.procs} processes (each generates an equal share of whole prompt groups)")
     self.mesh = cfg.mesh.build(devices)
     self.rules = cfg.mesh.logical_rules()
-    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
+    tok_dir = data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir)
+    self.tokenizer = models.load_tokenizer(tok_dir)
     model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, model.cfg)
+    # On-policy distillation: the frozen teacher on the same mesh (refused here if its tokenizer differs)
+    self.teacher = (Teacher(cfg, student_tokenizer=self.tokenizer, student_cfg=model.cfg, student_tokenizer_dir=tok_dir,
+                            mesh=self.mesh, rules=self.rules) if cfg.distill is not None else None)
     self.train_dtype = model.cfg.dtype  # the train step differentiates a view of the weights in this dtype
     algo = cfg.algorithm
     optim_cfg, lr_scale = cfg.optim, None
@@ -248,8 +253,32 @@ class RLTrainer:
     if key not in self._steps:
       self._steps[key] = make_learner_step(self.cfg, self.graphdef, self.optimizer, num_micro=num_micro,
                                            max_len=max_len, mesh=self.mesh, rules=self.rules,
-                                           schedule=self.schedule, train_dtype=self.train_dtype)
+                                           schedule=self.schedule, train_dtype=self.train_dtype,
+                                           extra_term=self.teacher.gkd_term if self._gkd else None)
     return self._steps[key]
+
+  @property
+  def _gkd(self) -> bool:
+    return self.cfg.distill is not None and self.cfg.distill.mode == "gkd"
+
+  def _distill(self, batches: list[dict[str, jax.Array]], packed: list[PackedBatch]) -> dict[str, float]:
+    """The teacher's log-probs of every mini-batch's sampled tokens; under ``distill.mode: reverse_kl`` each
+    token's advantage gains ``coef · (log π_teacher − log π_student)`` (both from the trainer's log-prob program at
+    the rollout parameters). Returns ``distill/reverse_kl``, the step's mean ``log π_student − log π_teacher``
+    over the loss tokens (the k1 estimate of the reverse KL to the teacher), and the final ``advantage/abs_mean``."""
+    coef = 0.0 if self._gkd else self.cfg.distill.coef
+    sums = []
+    for pb, batch in zip(packed, batches):
+      m = pb.shape[0]
+      student = batch.pop("student_logprobs", None)
+      if student is None:
+        student = self._forward(self.state.params, batch, m)
+      teacher = self._logprob_program(self.teacher.logprob_fn, m)(self.teacher.params, batch)
+      batch["advantages"], got = add_reverse_kl(batch["advantages"], student, teacher, batch["loss_mask"],
+                                                np.float32(coef))
+      sums.append(got)
+    kl, adv, count = np.sum(np.asarray(sharding.to_host(sums), np.float64), axis=0)
+    return {"distill/reverse_kl": kl / max(count, 1.0), "advantage/abs_mean": adv / max(count, 1.0)}
 
   def _device(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows → global arrays (process ``p``'s rows form the ``p``-th block)."""
@@ -280,8 +309,12 @@ class RLTrainer:
     g0, r0 = int(groups[:self.pid].sum()), int(samples[:self.pid].sum())
     everything = self.global_view(rollout)
     mask_all = loss_mask(everything, overlong_filter=cfg.rollout.overlong_filter)
-    if self.critic is None:
+    if self.cfg.distill is not None and self.cfg.distill.reward_coef == 0:  # pure distillation: the teacher's term
+      adv_all, metrics = np.zeros_like(mask_all), {}
+    elif self.critic is None:
       adv_all, metrics = compute_advantages(everything, name=algo.advantage, options=algo.advantage_kwargs)
+      if self.cfg.distill is not None:
+        adv_all = adv_all * np.float32(self.cfg.distill.reward_coef)
     else:  # GAE needs the critic's values of the packed batches: filled in by update() (Critic.fill)
       adv_all, metrics = np.zeros_like(mask_all), {}
     mine = slice(r0, r0 + rollout.num_samples)
@@ -320,6 +353,8 @@ class RLTrainer:
       batch = self._device(pb.interleaved())
       m = pb.shape[0]
       batch["old_logprobs"] = self._forward(self.state.params, batch, m) if recompute else batch["sampler_logprobs"]
+      if recompute and self.teacher is not None:
+        batch["student_logprobs"] = batch["old_logprobs"]  # the same program: reused by _distill
       if self.ref_params is not None:
         batch["ref_logprobs"] = self._forward(self.ref_params, batch, m)
       elif self.ref_logprob_fn is not None:  # LoRA: the base with adapters off
@@ -327,13 +362,16 @@ class RLTrainer:
       batches.append(batch)
     if self.critic is not None:  # values → GAE advantages, returns and old values of every mini-batch
       metrics.update(self.critic.fill(rollout, packed, batches, lambda a: self._device({"x": a})["x"]))
+    if self.teacher is not None:
+      metrics.update(self._distill(batches, packed))
+    extra = (self.teacher.params,) if self._gkd else ()
     max_len = algo.aggregation_max_len or cfg.rollout.stage(step)[1]
     raw = []
     for epoch in range(algo.ppo_epochs):
       for k, (pb, batch) in enumerate(zip(packed, batches)):
         current_as_old = epoch == 0 and k == 0 and algo.old_logprobs == "recompute"
         step_fn = self._step_fn(pb.shape[0], max_len)
-        self.state, out = step_fn(self.state, batch, *self.frozen, np.asarray(current_as_old))
+        self.state, out = step_fn(self.state, batch, *self.frozen, np.asarray(current_as_old), *extra)
         raw.append(out)
         if self.critic is not None:
           self.critic.train(batch, pb.shape[0], max_len)
