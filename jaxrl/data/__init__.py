@@ -5,6 +5,16 @@ above.
 """
 
 from jaxrl.data._chat import encode_chat, encode_prompt, encode_record
+from jaxrl.data._images import (
+    CLIP_MEAN,
+    CLIP_STD,
+    MAX_ASPECT_RATIO,
+    ImageConfig,
+    load_image,
+    num_image_tokens,
+    process_image,
+    smart_resize,
+)
 from jaxrl.data._packing import (
     PACKING_METHODS,
     ROW_KEYS,
@@ -43,6 +53,14 @@ from jaxrl.data._task_data import TaskData
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir, tokenizer_dir
 
 __all__ = [
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "MAX_ASPECT_RATIO",
+    "ImageConfig",
+    "load_image",
+    "num_image_tokens",
+    "process_image",
+    "smart_resize",
     "BuiltinTask",
     "CHAT_TEMPLATE",
     "PACKING_METHODS",
