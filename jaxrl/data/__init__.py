@@ -15,6 +15,19 @@ from jaxrl.data._images import (
     process_image,
     smart_resize,
 )
+from jaxrl.data._image_tasks import (
+    COLORS,
+    QUESTION_TYPES,
+    SHAPES,
+    ImageExample,
+    ImageTaskConfig,
+    draw_scene,
+    generate_image_task,
+    image_answer_match,
+    image_task_record,
+    png_data_url,
+    write_image_task_splits,
+)
 from jaxrl.data._packing import (
     PACKING_METHODS,
     ROW_KEYS,
@@ -53,6 +66,17 @@ from jaxrl.data._task_data import TaskData
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir, tokenizer_dir
 
 __all__ = [
+    "COLORS",
+    "QUESTION_TYPES",
+    "SHAPES",
+    "ImageExample",
+    "ImageTaskConfig",
+    "draw_scene",
+    "generate_image_task",
+    "image_answer_match",
+    "image_task_record",
+    "png_data_url",
+    "write_image_task_splits",
     "CLIP_MEAN",
     "CLIP_STD",
     "MAX_ASPECT_RATIO",
