@@ -63,9 +63,25 @@ from jaxrl.data._synthetic import (
     write_jsonl,
 )
 from jaxrl.data._task_data import TaskData
+from jaxrl.data._vl_chat import (
+    IMAGE_PLACEHOLDER,
+    VisionTokenIds,
+    encode_vl_prompt,
+    encode_vl_record,
+    expand_image_tokens,
+    flatten_vl_messages,
+    load_vl_images,
+)
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir, tokenizer_dir
 
 __all__ = [
+    "IMAGE_PLACEHOLDER",
+    "VisionTokenIds",
+    "encode_vl_prompt",
+    "encode_vl_record",
+    "expand_image_tokens",
+    "flatten_vl_messages",
+    "load_vl_images",
     "COLORS",
     "QUESTION_TYPES",
     "SHAPES",
