@@ -72,9 +72,29 @@ from jaxrl.data._vl_chat import (
     flatten_vl_messages,
     load_vl_images,
 )
+from jaxrl.data._vl_packing import (
+    VisionBatchStats,
+    VisionPackingConfig,
+    VLPackedBatch,
+    VLPackedBatchIterDataset,
+    assign_vl_rows,
+    fit_vl_sample,
+    pack_vl_samples,
+    stack_vl_rows,
+    vl_skip_report,
+)
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir, tokenizer_dir
 
 __all__ = [
+    "VisionBatchStats",
+    "VisionPackingConfig",
+    "VLPackedBatch",
+    "VLPackedBatchIterDataset",
+    "assign_vl_rows",
+    "fit_vl_sample",
+    "pack_vl_samples",
+    "stack_vl_rows",
+    "vl_skip_report",
     "IMAGE_PLACEHOLDER",
     "VisionTokenIds",
     "encode_vl_prompt",
