@@ -15,7 +15,9 @@ from flax import nnx
 from model_testlib import HF_FIXTURES
 from safetensors import safe_open
 
+from jaxrl import models
 from jaxrl.models import VisionConfig, VisionTower, vision_layout
+from jaxrl.sharding import make_mesh
 from jaxrl.models._vision import VISION_HF_LAYOUTS
 
 KINDS = ("qwen2_5_vl", "qwen2_vl")
@@ -122,6 +124,31 @@ def test_scanned_and_unscanned_towers_agree(case):
   pixels = np.pad(ref["pixel_values"], ((0, 12), (0, 0)))
   looped = run(load_tower(kind, scan_layers=False), pixels, layout)
   np.testing.assert_allclose(looped, run(tower, pixels, layout), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_pretrained_tower_on_a_mesh_equals_transformers(kind):
+  """The VLM's tower as ``load_pretrained`` places it (fsdp x tensor), run with its placement."""
+  model = models.load_pretrained(HF_FIXTURES / kind, dtype="float32", mesh=make_mesh({"fsdp": 4, "tensor": 2}))
+  mlp_in = model.visual.blocks.fc1 if kind == "qwen2_vl" else model.visual.blocks.gate  # [layers, E, F]
+  assert tuple(mlp_in[...].sharding.spec) == (None, "fsdp", "tensor")
+  ref = dict(np.load(HF_FIXTURES / kind / "vision.npz"))
+  layout = jax.tree.map(jnp.asarray, vision_layout(ref["grid_thw"], model.visual.cfg))
+  graphdef, state = nnx.split(model.visual)
+  out = jax.jit(lambda s, x, lay: nnx.merge(graphdef, s)(x, lay, placement=model.placement))(
+      state, jnp.asarray(ref["pixel_values"]), layout)
+  assert rel_err(np.asarray(out), ref["tower_all"]) <= 1e-4
+
+
+def test_pallas_attention_in_the_tower_equals_transformers():
+  """Window and full-attention segments through the Pallas Triton kernel (interpret mode), padded bucket."""
+  tower = load_tower("qwen2_5_vl")
+  ref = dict(np.load(HF_FIXTURES / "qwen2_5_vl" / "vision.npz"))
+  layout = jax.tree.map(jnp.asarray, vision_layout(ref["grid_thw"], tower.cfg, num_patches=128))
+  pixels = jnp.asarray(np.pad(ref["pixel_values"], ((0, 28), (0, 0))))
+  out = np.asarray(tower(pixels, layout, attention_impl="pallas_triton", interpret=True))
+  assert rel_err(out[:25], ref["tower_all"]) <= 1e-4
+  np.testing.assert_array_equal(out[25:], 0.0)
 
 
 def test_dropping_the_window_permutation_or_its_inverse_is_caught():
