@@ -157,6 +157,15 @@ def _to_rgb(image: Image.Image) -> Image.Image:
   return image.convert("RGB")
 
 
+def _normalise_table(cfg: ImageConfig) -> np.ndarray:  # [C, 256] float32
+  """The normalised value of each uint8 level per channel: ``x / 255`` in float64 rounded to float32, then
+  ``(x - mean) / std`` in float32 (the processor's dtypes), so a lookup gives its values bit for bit."""
+  scaled = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)  # [256]
+  mean = np.asarray(cfg.image_mean, np.float32)[:, None]
+  std = np.asarray(cfg.image_std, np.float32)[:, None]
+  return (scaled[None, :] - mean) / std
+
+
 def process_image(image: Image.Image, config: ImageConfig | None = None, *,
                   where: str = "image") -> tuple[np.ndarray, tuple[int, int, int]]:
   """One still image -> ``(pixel_values [gh*gw, 3*T*P*P] float32, grid_thw (1, gh, gw))``.
@@ -176,8 +185,8 @@ def process_image(image: Image.Image, config: ImageConfig | None = None, *,
   rh, rw = smart_resize(height, width, factor=cfg.factor, min_pixels=cfg.min_pixels,
                         max_pixels=cfg.max_pixels, where=where)
   rgb = _to_rgb(image).resize((rw, rh), resample=Image.Resampling.BICUBIC)
-  x = (np.asarray(rgb, np.uint8).astype(np.float64) * (1 / 255)).astype(np.float32)  # [H, W, C]
-  x = (x - np.asarray(cfg.image_mean, np.float32)) / np.asarray(cfg.image_std, np.float32)
+  levels, table = np.asarray(rgb, np.uint8), _normalise_table(cfg)  # [H, W, C] uint8, [C, 256]
+  x = np.stack([table[c][levels[..., c]] for c in range(3)], axis=-1)  # [H, W, C] float32
   p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
   gh, gw = rh // p, rw // p
   x = x.reshape(gh // m, m, p, gw // m, m, p, 3)  # [gh/m, m, P, gw/m, m, P, C]
