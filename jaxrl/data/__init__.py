@@ -71,6 +71,7 @@ from jaxrl.data._vl_chat import (
     expand_image_tokens,
     flatten_vl_messages,
     load_vl_images,
+    vl_record_messages,
 )
 from jaxrl.data._vl_packing import (
     VisionBatchStats,
@@ -102,6 +103,7 @@ __all__ = [
     "expand_image_tokens",
     "flatten_vl_messages",
     "load_vl_images",
+    "vl_record_messages",
     "COLORS",
     "QUESTION_TYPES",
     "SHAPES",

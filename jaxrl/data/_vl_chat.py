@@ -113,7 +113,17 @@ def _check_text(text: str, where: str) -> None:
                       reason="invalid record")
 
 
-def _vl_record_messages(record: Any, where: str) -> tuple[list[dict[str, Any]], list[tuple[Any, str]]]:
+def vl_record_messages(record: Any, *, where: str = "record") -> tuple[list[dict[str, Any]], list[tuple[Any, str]]]:
+  """Validates a record that may hold images (as :func:`jaxrl.data.record_messages` validates a text record,
+  on the flattened messages) without loading its images.
+
+  Returns:
+    :func:`flatten_vl_messages`' ``(messages, images)``: chat messages with string content, and the
+    ``(source, where)`` of each image in token order.
+
+  Raises:
+    DataError: a malformed part (naming ``where`` and the part) or record (as ``record_messages``).
+  """
   if isinstance(record, dict) and "messages" in record:
     flat, images = flatten_vl_messages(record["messages"], where=where)
     return record_messages({"messages": flat}), images
@@ -186,7 +196,7 @@ def encode_vl_record(tokenizer, record: dict[str, Any], *, images: ImageConfig |
   where = record.get("_where", "record") if isinstance(record, dict) else "record"
   pad = VisionTokenIds.of(tokenizer).image_pad
   try:
-    messages, sources = _vl_record_messages(record, where)
+    messages, sources = vl_record_messages(record, where=where)
     text = encode_chat(tokenizer, messages, end_of_turn=end_of_turn)
   except DataError as e:
     message = str(e) if str(e).startswith(where) else f"{where}: {e}"

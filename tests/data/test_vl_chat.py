@@ -22,7 +22,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.processing_utils import ProcessorMixin
 
 from jaxrl.data import (DataError, ImageConfig, encode_chat, encode_vl_prompt, encode_vl_record, flatten_vl_messages,
-                        process_image, tiny_tokenizer_dir)
+                        process_image, tiny_tokenizer_dir, vl_record_messages)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 CFG = ImageConfig(min_pixels=3136, max_pixels=50176)
@@ -211,3 +211,15 @@ def test_flatten_keeps_order_and_string_messages():
       "<|vision_start|><|image_pad|><|vision_end|>"]
   assert images == [("a", "f:1: messages[1].content[0]"), ("b", "f:1: messages[1].content[2]"),
                     ("c", "f:1: messages[2].content[0]")]
+
+
+def test_vl_record_messages_validates_without_loading_images():
+  rec = {"messages": [{"role": "user", "content": [_img("not/loaded.png"), _txt("q")]},
+                      {"role": "assistant", "content": "a"}]}
+  messages, images = vl_record_messages(rec, where="f:2")
+  assert messages[0]["content"] == "<|vision_start|><|image_pad|><|vision_end|>q"
+  assert images == [("not/loaded.png", "f:2: messages[0].content[0]")]
+  with pytest.raises(DataError, match="no trained assistant turn"):
+    vl_record_messages({"messages": rec["messages"][:1]})
+  with pytest.raises(DataError, match=r"^f:2: messages\[0\]\.content\[0\]: an image part needs an 'image'"):
+    vl_record_messages({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, where="f:2")
