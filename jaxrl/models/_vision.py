@@ -457,11 +457,13 @@ class VisionTower(nnx.Module):
     self.merger = PatchMerger(cfg, param_dtype=param_dtype, dtype=dtype, rngs=rngs)
 
   def __call__(self, pixel_values, layout: VisionLayout, *, placement=None, attention_impl="auto",
-               interpret=False) -> jax.Array:
+               interpret=False, remat_policy=None) -> jax.Array:
     """Merged embeddings ``[U, D_out]`` of ``pixel_values [P, C·T·P·P]`` in image-token (original) order.
 
     Rows of padding units (``image_segments == 0``) are zero. ``placement`` (the language model's
-    :class:`~jaxrl.models.Placement`, or None) runs attention per shard.
+    :class:`~jaxrl.models.Placement`, or None) runs attention per shard; ``remat_policy`` (a
+    ``jax.checkpoint_policies`` entry, e.g. ``ModelConfig.remat_policy``) rematerialises each block in
+    the backward pass; None saves every activation.
     """
     cfg, m2 = self.cfg, self.cfg.spatial_merge_size ** 2
     num_patches = pixel_values.shape[0]
@@ -472,30 +474,34 @@ class VisionTower(nnx.Module):
       w = self.patch_embed[...].astype(self.dtype).reshape(cfg.patch_dim, cfg.hidden_size)
       x = jnp.einsum("pk,ke->pe", pixel_values.astype(self.dtype), w)  # [P, E]
       x = jnp.take(x.reshape(-1, m2, cfg.hidden_size), layout.window_index, axis=0).reshape(num_patches, -1)
-    cos, sin = rotary_tables(layout.rotary, cfg)
-    kw = dict(cos=cos, sin=sin, placement=placement, attention_impl=attention_impl, interpret=interpret)
-    full = jnp.asarray(cfg.full_attention)
-
-    def segments(is_full):
-      return jnp.where(is_full, layout.image_segments, layout.window_segments)
-
-    if self.scan_layers:
-      def body(x, block, is_full):
-        return block(x, segments=segments(is_full), **kw), None
-
-      scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0),
-                      transform_metadata={nnx.PARTITION_NAME: "layers"})
-      with jax.named_scope("blocks"):
-        x, _ = scan(x, self.blocks, full)
-    else:
-      for i, block in enumerate(self.blocks):
-        with jax.named_scope(f"block_{i}"):
-          x = block(x, segments=segments(full[i]), **kw)
+    x = self._blocks(x, layout, remat_policy=remat_policy, placement=placement, attention_impl=attention_impl,
+                     interpret=interpret)
     with jax.named_scope("merger"):
       merged = self.merger(x)  # [U, D_out], window order
       real = layout.image_segments.reshape(-1, m2)[:, 0] > 0  # [U]
       merged = jnp.where(real[:, None], merged, 0)
       return jnp.zeros_like(merged).at[layout.window_index].set(merged)
+
+  def _blocks(self, x, layout: VisionLayout, *, remat_policy, **kw) -> jax.Array:  # [P, E] -> [P, E]
+    """Every block, scanned or looped; each takes the frame or the window segments (``full_attention``)."""
+    cos, sin = rotary_tables(layout.rotary, self.cfg)
+    full = jnp.asarray(self.cfg.full_attention)
+
+    def block_fn(block, x, is_full):
+      segments = jnp.where(is_full, layout.image_segments, layout.window_segments)
+      return block(x, cos=cos, sin=sin, segments=segments, **kw)
+
+    if remat_policy is not None:
+      block_fn = nnx.remat(block_fn, policy=remat_policy, prevent_cse=not self.scan_layers)
+    if self.scan_layers:
+      scan = nnx.scan(lambda x, block, is_full: (block_fn(block, x, is_full), None), in_axes=(nnx.Carry, 0, 0),
+                      out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
+      with jax.named_scope("blocks"):
+        return scan(x, self.blocks, full)[0]
+    for i, block in enumerate(self.blocks):
+      with jax.named_scope(f"block_{i}"):
+        x = block_fn(block, x, full[i])
+    return x
 
 
 # --------------------------------------------------------------------------------------------------

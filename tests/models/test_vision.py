@@ -151,6 +151,26 @@ def test_pallas_attention_in_the_tower_equals_transformers():
   np.testing.assert_array_equal(out[25:], 0.0)
 
 
+def test_rematerialised_blocks_give_the_same_gradients():
+  tower = load_tower("qwen2_5_vl")
+  ref = dict(np.load(HF_FIXTURES / "qwen2_5_vl" / "vision.npz"))
+  layout = jax.tree.map(jnp.asarray, vision_layout(ref["grid_thw"], tower.cfg))
+  pixels, graphdef = jnp.asarray(ref["pixel_values"]), nnx.graphdef(tower)
+  params = nnx.state(tower, nnx.Param)
+  cotangent = jax.random.normal(jax.random.key(0), (25, 64))
+
+  def loss(params, policy):
+    return jnp.sum(nnx.merge(graphdef, params)(pixels, layout, remat_policy=policy) * cotangent)
+
+  grads = {}
+  for name, policy in (("plain", None), ("remat", jax.checkpoint_policies.nothing_saveable)):
+    traced = jax.jit(jax.grad(loss), static_argnums=1).trace(params, policy)
+    assert ("remat" in str(traced.jaxpr)) == (policy is not None), name
+    grads[name] = traced.lower().compile()(params)
+  for a, b in zip(jax.tree.leaves(grads["plain"]), jax.tree.leaves(grads["remat"])):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
+
+
 def test_dropping_the_window_permutation_or_its_inverse_is_caught():
   """Image 0 spans 2 x 3 windows: without the window order (or without undoing it) rows move far."""
   tower = load_tower("qwen2_5_vl")
