@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import grain
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
@@ -12,6 +13,7 @@ from transformers import AutoTokenizer
 from jaxrl.data import (ImageConfig, ImageTaskConfig, PackingConfig, VisionPackingConfig, VLPackedBatchIterDataset,
                         encode_vl_record, generate_image_task, image_task_record, pack_vl_samples, stack_vl_rows,
                         vl_skip_report)
+from jaxrl import models
 from jaxrl.models import ModelConfig, mrope_positions
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen2_5_vl"
@@ -94,6 +96,42 @@ def test_packed_equals_unpacked(tok, model_config):
   assert bucket == batch.vision.num_patches and bucket >= real > bucket // 2 and bucket % 64 == 0
   assert batch.vision.images == sum(len(s["grid_thw"]) for s in samples)
   assert not batch.arrays["segment_ids"][-1].any()  # the empty padding row
+
+
+def _forward(model, tokens, segment_ids, positions, rope, pixel_values, grid_thw, num_patches=None):
+  images = None
+  if len(grid_thw):
+    layout = models.vision_layout(np.asarray(grid_thw), model.cfg.vision, num_patches=num_patches)
+    images = models.VisionInputs(jnp.asarray(pixel_values, jnp.float32), layout)
+  return np.asarray(model(jnp.asarray(tokens), positions=jnp.asarray(positions), segment_ids=jnp.asarray(segment_ids),
+                          rope_positions=jnp.asarray(rope), images=images))
+
+
+def test_packed_batch_gives_the_logits_of_separate_samples(tok):
+  """The data path end to end: a packed batch through the fixture VLM equals each sample run alone."""
+  model = models.load_pretrained(FIXTURE, dtype="float32")
+  samples = _samples(tok, n=6)
+  rows = pack_vl_samples(samples, 160, method="best_fit")
+  batch = stack_vl_rows(rows, num_rows=len(rows), seq_len=160, vision=VisionPackingConfig(min_patches=64),
+                        model_config=model.cfg)
+  a = batch.arrays
+  packed = _forward(model, a["tokens"], a["segment_ids"], a["positions"], a["rope_positions"], a["pixel_values"],
+                    a["grid_thw"], num_patches=len(a["pixel_values"]))  # [R, T, V]
+  checked = 0
+  for row in range(len(rows)):
+    for where in _segments(a, row):
+      s = next(s for s in samples if np.array_equal(s["tokens"], a["tokens"][row, where]))
+      n, bucket = len(s["tokens"]), len(a["pixel_values"])
+      # alone: one row of the same shapes as the batch's (right padding, patches padded to the same bucket)
+      tokens = np.pad(s["tokens"], (0, 160 - n))[None]
+      seg = (np.arange(160) < n).astype(np.int32)[None]
+      rope, _ = mrope_positions(tokens, seg, s["grid_thw"], model.cfg)
+      pixels = np.pad(s["pixel_values"], ((0, bucket - len(s["pixel_values"])), (0, 0)))
+      alone = _forward(model, tokens, seg, np.arange(160)[None] * seg, rope, pixels, s["grid_thw"], bucket)[0, :n]
+      got = packed[row, where]
+      assert np.abs(got - alone).max() <= 1e-4 * np.abs(alone).max()
+      checked += 1
+  assert checked == len(samples) and len(rows) < len(samples)
 
 
 def _dataset(samples):
