@@ -217,6 +217,20 @@ def test_save_load_round_trip_writes_the_hub_layout(vlm, tmp_path):
   np.testing.assert_array_equal(_logits(loaded, ref["input_ids"], inputs), _logits(model, ref["input_ids"], inputs))
 
 
+def test_convert_keeps_every_tensor(vlm, tmp_path):
+  """``jaxrl convert`` of the bf16 fixture: the same bf16 tensors under hub names, and the tokenizer."""
+  kind, model, _ = vlm
+  models.convert(str(FIXTURES / kind), str(tmp_path))
+  with safe_open(str(FIXTURES / kind / "model.safetensors"), framework="np") as src, \
+      safe_open(str(tmp_path / "model.safetensors"), framework="np") as dst:
+    renamed = {k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): k for k in src.keys()}
+    assert set(dst.keys()) == set(renamed)
+    for key, old in renamed.items():
+      np.testing.assert_array_equal(dst.get_tensor(key), src.get_tensor(old), err_msg=key)
+  assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+  assert models.load_tokenizer(tmp_path).convert_tokens_to_ids("<|image_pad|>") == model.cfg.image_token_id
+
+
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_sharded_load_reads_each_slice_and_keeps_the_logits(vlm, scan_layers):
   """data2 x fsdp2 x tensor2: every tensor (tower and language model, stacked or per layer) equals the one-device load."""
