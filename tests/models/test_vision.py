@@ -19,6 +19,7 @@ from jaxrl import models
 from jaxrl.models import VisionConfig, VisionTower, vision_layout
 from jaxrl.sharding import make_mesh
 from jaxrl.models._vision import VISION_HF_LAYOUTS
+from jaxrl.models._vl_config import vision_flops_per_patch
 
 KINDS = ("qwen2_5_vl", "qwen2_vl")
 PREFIX = {"qwen2_5_vl": "model.visual.", "qwen2_vl": "visual."}  # transformers-5 module keys | hub keys
@@ -257,3 +258,36 @@ def test_num_params_equals_the_checkpoints_and_a_hand_count():
   block = 2 * 1280 + (1280 * 3840 + 3840) + (1280 * 1280 + 1280) + (3 * 1280 * 3420 + 2 * 3420 + 1280)
   hand = 1176 * 1280 + 32 * block + 1280 + 5120 * 5120 + 5120 + 5120 * 3584 + 3584
   assert VisionConfig.qwen2p5_vl_7b().num_params == hand == 676_550_144
+
+
+def _dot_flops(jaxpr) -> int:
+  """``2 · (contracted size) · (output size)`` summed over every dot_general, scan bodies times their length."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * math.prod(lhs[i] for i in contract) * math.prod(eqn.outvars[0].aval.shape)
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          total += eqn.params.get("length", 1) * _dot_flops(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          total += _dot_flops(sub)
+  return total
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_flops_per_patch_equals_the_towers_matmuls(kind):
+  """``vision_flops_per_patch`` (jaxrl plan) against the matmuls in the tower's jaxpr. The reference attention
+  multiplies every key and masks, so the count matches where every key is visible (one frame, one window);
+  over 2 x 2 windows it exceeds the formula by exactly the masked keys of the window block."""
+  cfg = VisionConfig(kind=kind, depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=96,
+                     window_size=56, fullatt_block_indexes=(1,) if kind == "qwen2_5_vl" else ())
+  graphdef, state = nnx.split(VisionTower(cfg, param_dtype=jnp.float32, dtype=jnp.float32, rngs=nnx.Rngs(0)))
+  for side in (4, 8):
+    layout, p = vision_layout([[1, side, side]], cfg), side * side
+    jaxpr = jax.make_jaxpr(lambda s, x, lay: nnx.merge(graphdef, s)(x, lay))(state, jnp.zeros((p, cfg.patch_dim)),
+                                                                           layout)
+    masked = 4 * 64 * (p - 16) if kind == "qwen2_5_vl" else 0  # one window block: 16 of p keys visible
+    assert _dot_flops(jaxpr.jaxpr) / p == vision_flops_per_patch(cfg, p) + masked, (kind, side)
