@@ -17,6 +17,7 @@ from jaxrl.data._images import (
 )
 from jaxrl.data._image_tasks import (
     COLORS,
+    BuiltinImageTask,
     QUESTION_TYPES,
     SHAPES,
     ImageExample,
@@ -87,6 +88,7 @@ from jaxrl.data._vl_packing import (
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir, tokenizer_dir
 
 __all__ = [
+    "BuiltinImageTask",
     "VisionBatchStats",
     "VisionPackingConfig",
     "VLPackedBatch",

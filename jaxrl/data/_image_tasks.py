@@ -321,3 +321,43 @@ def write_image_task_splits(out_dir: str | Path, *, n_train: int, n_heldout: int
                                                                                  config=config)),
                              out_dir / f"{split}.jsonl")
           for split, n in (("train", n_train), ("heldout", n_heldout))}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuiltinImageTask:
+  """The built-in image task as a config section (``data.builtin`` of a vision-language trainer).
+
+  :meth:`records` draws a split as chat records (:func:`image_task_record`): ``n_train`` train records
+  (repeats allowed) or ``n_heldout`` distinct held-out ones (never in the train split).
+  """
+
+  n_train: int = 4000
+  "Records drawn from the train split."
+  n_heldout: int = 64
+  "Distinct held-out records (never in the train split)."
+  difficulty: int = 1
+  "ImageTaskConfig.level: 0 = count 1-3 shapes ... 3 = up to 8 shapes and 6-bar charts."
+  image_size: int | None = None
+  "Image side in pixels (56-112 keeps CPU runs fast); None: the level's (84, or 112 at level 3)."
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.n_train < 1:
+      raise ValueError(f"data.builtin.n_train must be >= 1, got {self.n_train!r}")
+    if self.n_heldout < 0:
+      raise ValueError(f"data.builtin.n_heldout must be >= 0, got {self.n_heldout!r}")
+    if self.difficulty not in range(4):
+      raise ValueError(f"data.builtin.difficulty must be in 0..3, got {self.difficulty!r}")
+    if self.image_size is not None and self.image_size < 28:
+      raise ValueError(f"data.builtin.image_size must be >= 28, got {self.image_size!r}")
+
+  @property
+  def task(self) -> ImageTaskConfig:
+    """The :class:`ImageTaskConfig` of ``difficulty`` (and ``image_size``)."""
+    return ImageTaskConfig.level(self.difficulty, **({} if self.image_size is None else
+                                                     {"image_size": self.image_size}))
+
+  def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
+    """The split's chat records (images inline as PNG data URLs)."""
+    n = self.n_train if split == "train" else self.n_heldout
+    return [image_task_record(e) for e in generate_image_task(n, seed=self.seed, split=split, config=self.task)]

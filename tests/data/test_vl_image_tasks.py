@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from jaxrl.data import (COLORS, ImageTaskConfig, generate_image_task, image_answer_match, image_task_record,
+from jaxrl.data import (COLORS, BuiltinImageTask, ImageTaskConfig, generate_image_task, image_answer_match, image_task_record,
                         load_image, write_image_task_splits)
 
 
@@ -133,3 +133,17 @@ def test_config_errors_name_the_field():
     ImageTaskConfig(questions=("count",))
   with pytest.raises(ValueError, match="difficulty"):
     ImageTaskConfig.level(9)
+
+
+def test_builtin_image_task_records():
+  task = BuiltinImageTask(n_train=6, n_heldout=4, difficulty=0, image_size=56, seed=1)
+  train, heldout = task.records("train"), task.records("heldout")
+  assert len(train) == 6 and len(heldout) == 4
+  assert {r["question_type"] for r in train + heldout} == {"count"}
+  image = load_image(train[0]["messages"][0]["content"][0]["image"], where="t")
+  assert image.size == (56, 56)
+  assert train == BuiltinImageTask(n_train=6, n_heldout=4, difficulty=0, image_size=56, seed=1).records("train")
+  key = lambda r: json.dumps([r["scene"], r["messages"][0]["content"][1]["text"]])  # noqa: E731
+  assert not {key(r) for r in train} & {key(r) for r in heldout}
+  with pytest.raises(ValueError, match="data.builtin.difficulty"):
+    BuiltinImageTask(difficulty=4)
