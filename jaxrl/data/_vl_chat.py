@@ -6,7 +6,9 @@ A message's ``content`` is a string or a list of parts:
   {"type": "image", "image": <path | bytes | data URL | {"bytes", "path"}>}
   {"type": "image_url", "image_url": {"url": <data URL | local path | file:// URL>}}
 
-Any message may hold several images, and images may come in any turn. Each image part is first rendered
+Any message may hold several images, and images may come in any turn. A record may also list its images at
+the top level, ``"images": [...]``, placed in order by parts ``{"type": "image"}`` without a source (the TRL
+layout) or by ``<image>`` markers in string content (the verl / EasyR1 layout). Each image is first rendered
 as ``<|vision_start|><|image_pad|><|vision_end|>`` (what the Qwen2-VL / Qwen2.5-VL chat templates write for
 an image part, without ``add_vision_id``), the messages are tokenised with the text path
 (:func:`jaxrl.data.encode_chat`: same chat template, same loss masks), and then each ``<|image_pad|>``
@@ -28,7 +30,7 @@ from jaxrl.data._sources import DataError, record_messages
 
 VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
 IMAGE_PLACEHOLDER = VISION_START + IMAGE_PAD + VISION_END
-"""What one image part renders to before expansion."""
+"""What one image renders to before expansion."""
 _RESERVED = (VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD)
 
 
@@ -53,57 +55,107 @@ class VisionTokenIds:
     return cls(*ids)
 
 
-def _image_source(part: dict[str, Any], where: str) -> Any:
+IMAGE_MARKER = "<image>"
+"""In string content of a record with a top-level ``images`` list (the verl / EasyR1 layout), each marker
+is the next listed image."""
+
+
+class _Pool:
+  """A record's top-level ``images`` list, handed out in order to image parts without their own image."""
+
+  def __init__(self, images: Any, where: str):
+    if images is not None and not isinstance(images, list):
+      raise DataError(f"{where}: 'images' must be a list, got {type(images).__name__}", reason="wrong type")
+    self.images, self.where, self.used = images, where, 0
+
+  def take(self, key: str) -> tuple[Any, str]:
+    if self.images is None:
+      raise DataError(f"{key}: an image part needs an 'image' (path, bytes or data URL), or the record an 'images' "
+                      "list", reason="missing field")
+    if self.used >= len(self.images):
+      raise DataError(f"{key}: an image without its own source, and the record's 'images' list "
+                      f"({len(self.images)}) is used up", reason="missing image")
+    self.used += 1
+    return self.images[self.used - 1], f"{key} (images[{self.used - 1}])"
+
+  def check_used(self) -> None:
+    if self.images is not None and self.used != len(self.images):
+      raise DataError(f"{self.where}: the record lists {len(self.images)} images but its messages place "
+                      f"{self.used}", reason="invalid record")
+
+
+def _image_source(part: dict[str, Any], key: str, pool: _Pool) -> tuple[Any, str]:
   if part["type"] == "image":
-    if part.get("image") is None:
-      raise DataError(f"{where}: an image part needs an 'image' (path, bytes or data URL)", reason="missing field")
-    return part["image"]
+    return (part["image"], key) if part.get("image") is not None else pool.take(key)
   url = part.get("image_url")
   url = url.get("url") if isinstance(url, dict) else url
   if not isinstance(url, str) or not url:
-    raise DataError(f"{where}: an image_url part needs 'image_url': {{'url': ...}}", reason="missing field")
-  return url
+    raise DataError(f"{key}: an image_url part needs 'image_url': {{'url': ...}}", reason="missing field")
+  return url, key
 
 
-def flatten_vl_messages(messages: Any, *, where: str = "record") -> tuple[list[dict[str, Any]], list[tuple[Any, str]]]:
+def _flatten_text(text: str, key: str, pool: _Pool, images: list[tuple[Any, str]]) -> str:
+  """String content: with a record ``images`` list, each :data:`IMAGE_MARKER` is the next listed image."""
+  if pool.images is None or IMAGE_MARKER not in text:
+    _check_text(text, key)
+    return text
+  pieces = text.split(IMAGE_MARKER)
+  for piece in pieces:
+    _check_text(piece, key)
+  for _ in pieces[1:]:
+    images.append(pool.take(key))
+  return IMAGE_PLACEHOLDER.join(pieces)
+
+
+def _flatten_parts(content: list[Any], key: str, pool: _Pool, images: list[tuple[Any, str]]) -> str:
+  pieces = []
+  for j, part in enumerate(content):
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text":
+      if not isinstance(part.get("text"), str):
+        raise DataError(f"{key}[{j}]: a text part needs a string 'text'", reason="wrong type")
+      pieces.append(_flatten_text(part["text"], f"{key}[{j}]", pool, images))
+    elif kind in ("image", "image_url"):
+      images.append(_image_source(part, f"{key}[{j}]", pool))
+      pieces.append(IMAGE_PLACEHOLDER)
+    else:
+      raise DataError(f"{key}[{j}]: a content part needs 'type' 'text', 'image' or 'image_url', got {kind!r}",
+                      reason="wrong type")
+  return "".join(pieces)
+
+
+def flatten_vl_messages(messages: Any, *, where: str = "record",
+                        images: list[Any] | None = None) -> tuple[list[dict[str, Any]], list[tuple[Any, str]]]:
   """Messages with part lists -> messages with string content, and the images in order.
 
+  Images come from the parts themselves (``image`` / ``image_url``) or, for parts ``{"type": "image"}``
+  without a source (the TRL layout) and :data:`IMAGE_MARKER` s in text (the verl / EasyR1 layout), from
+  ``images``, a record's top-level list, in order; every listed image must be placed.
+
   Returns:
-    ``(messages, images)``: each message's ``content`` a string with :data:`IMAGE_PLACEHOLDER` per image
-    part; ``images`` the ``(source, where)`` pairs in token order, ``where`` naming the part
-    (``file:line: messages[i].content[j]``).
+    ``(messages, images)``: each message's ``content`` a string with :data:`IMAGE_PLACEHOLDER` per image;
+    ``images`` the ``(source, where)`` pairs in token order, ``where`` naming the part
+    (``file:line: messages[i].content[j]``, plus ``(images[k])`` for a listed image).
 
   Raises:
-    DataError: naming the message and part: a part of unknown type or without its field, or text that holds
-      a vision marker itself (it would be taken for an image).
+    DataError: naming the message and part: a part of unknown type or without its field, text that holds a
+      vision marker itself (it would be taken for an image), or listed images that are missing or left over.
   """
   if not isinstance(messages, list):
     raise DataError(f"{where}: 'messages' must be a list", reason="wrong type")
-  out, images = [], []
+  pool = _Pool(images, where)
+  out, found = [], []
   for i, m in enumerate(messages):
     content = m.get("content") if isinstance(m, dict) else None
-    if not isinstance(content, list):
-      text = content if isinstance(content, str) else ""
-      _check_text(text, f"{where}: messages[{i}].content")
-      out.append(m)
-      continue
-    pieces = []
-    for j, part in enumerate(content):
-      key = f"{where}: messages[{i}].content[{j}]"
-      kind = part.get("type") if isinstance(part, dict) else None
-      if kind == "text":
-        if not isinstance(part.get("text"), str):
-          raise DataError(f"{key}: a text part needs a string 'text'", reason="wrong type")
-        _check_text(part["text"], key)
-        pieces.append(part["text"])
-      elif kind in ("image", "image_url"):
-        images.append((_image_source(part, key), key))
-        pieces.append(IMAGE_PLACEHOLDER)
-      else:
-        raise DataError(f"{key}: a content part needs 'type' 'text', 'image' or 'image_url', got {kind!r}",
-                        reason="wrong type")
-    out.append({**m, "content": "".join(pieces)})
-  return out, images
+    key = f"{where}: messages[{i}].content"
+    if isinstance(content, list):
+      out.append({**m, "content": _flatten_parts(content, key, pool, found)})
+    elif isinstance(content, str):
+      out.append({**m, "content": _flatten_text(content, key, pool, found)})
+    else:
+      out.append(m)  # record_messages names what is wrong with it
+  pool.check_used()
+  return out, found
 
 
 def _check_text(text: str, where: str) -> None:
@@ -124,11 +176,15 @@ def vl_record_messages(record: Any, *, where: str = "record") -> tuple[list[dict
   Raises:
     DataError: a malformed part (naming ``where`` and the part) or record (as ``record_messages``).
   """
+  listed = record.get("images") if isinstance(record, dict) else None
   if isinstance(record, dict) and "messages" in record:
-    flat, images = flatten_vl_messages(record["messages"], where=where)
+    flat, images = flatten_vl_messages(record["messages"], where=where, images=listed)
     return record_messages({"messages": flat}), images
-  if isinstance(record, dict) and isinstance(record.get("prompt"), list):
-    flat, images = flatten_vl_messages(record["prompt"], where=where)
+  if isinstance(record, dict) and (isinstance(record.get("prompt"), list)
+                                   or (listed is not None and isinstance(record.get("prompt"), str))):
+    prompt = record.get("prompt")
+    prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    flat, images = flatten_vl_messages(prompt, where=where, images=listed)
     return record_messages({**record, "prompt": flat}), images
   return record_messages(record), []
 
@@ -225,7 +281,7 @@ def encode_vl_prompt(tokenizer, record: dict[str, Any], *, images: ImageConfig |
   messages = record.get("messages", record.get("prompt"))
   if isinstance(messages, str):
     messages = [{"role": "user", "content": messages}]
-  flat, sources = flatten_vl_messages(messages, where=where)
+  flat, sources = flatten_vl_messages(messages, where=where, images=record.get("images"))
   assistant = [i for i, m in enumerate(flat) if m.get("role") == "assistant"]
   if assistant and not any(m.get("role") == "user" for m in flat[assistant[-1]:]):
     flat = flat[:assistant[-1]]  # the record's answer and what follows it are not prompt

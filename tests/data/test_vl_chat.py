@@ -223,3 +223,30 @@ def test_vl_record_messages_validates_without_loading_images():
     vl_record_messages({"messages": rec["messages"][:1]})
   with pytest.raises(DataError, match=r"^f:2: messages\[0\]\.content\[0\]: an image part needs an 'image'"):
     vl_record_messages({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, where="f:2")
+
+
+def test_top_level_images_trl_and_verl_layouts(fixture):
+  tok, images, _ = fixture
+  png = [_png(im) for im in images]
+  inline = {"messages": [{"role": "user", "content": [_img(png[0]), _txt("Compare "), _img(png[2]), _txt("now.")]},
+                         {"role": "assistant", "content": "Same."}]}
+  trl = {"images": [png[0], png[2]],
+         "messages": [{"role": "user", "content": [{"type": "image"}, _txt("Compare "), {"type": "image"},
+                                                   _txt("now.")]},
+                      {"role": "assistant", "content": "Same."}]}
+  verl = {"images": [png[0], png[2]], "prompt": "<image>Compare <image>now.", "completion": "Same."}
+  want = encode_vl_record(tok, inline, images=CFG)
+  for rec in (trl, verl):
+    got = encode_vl_record(tok, rec, images=CFG)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+  np.testing.assert_array_equal(encode_vl_prompt(tok, verl, images=CFG)["tokens"],
+                                encode_vl_prompt(tok, inline, images=CFG)["tokens"])
+  with pytest.raises(DataError, match=r"^f:3: the record lists 3 images but its messages place 2"):
+    encode_vl_record(tok, {**verl, "images": png, "_where": "f:3"}, images=CFG)
+  with pytest.raises(DataError, match=r"^f:3: messages\[0\]\.content \(images\[1\]\): image file not found"):
+    encode_vl_record(tok, {**verl, "images": [png[0], "gone.png"], "_where": "f:3"}, images=CFG)
+  with pytest.raises(DataError, match=r"messages\[0\]\.content\[2\]: an image without its own source"):
+    encode_vl_record(tok, {**trl, "images": [png[0]]}, images=CFG)
+  plain = encode_vl_record(tok, {"prompt": "a <image> tag", "completion": "b"}, images=CFG)  # no list: text
+  assert len(plain["grid_thw"]) == 0
