@@ -65,6 +65,7 @@ from jaxrl.data._synthetic import (
 )
 from jaxrl.data._task_data import TaskData
 from jaxrl.data._vl_chat import (
+    IMAGE_MARKER,
     IMAGE_PLACEHOLDER,
     VisionTokenIds,
     encode_vl_prompt,
@@ -98,6 +99,7 @@ __all__ = [
     "pack_vl_samples",
     "stack_vl_rows",
     "vl_skip_report",
+    "IMAGE_MARKER",
     "IMAGE_PLACEHOLDER",
     "VisionTokenIds",
     "encode_vl_prompt",

@@ -185,7 +185,11 @@ def stack_vl_rows(rows: Sequence[dict[str, Any]], *, num_rows: int, seq_len: int
   text: PackedBatch = stack_rows(counted, num_rows=num_rows, seq_len=seq_len, pad_id=pad_id, id_offset=id_offset)
   arrays = dict(text.arrays)
   grids = [np.asarray(r["grid_thw"], np.int32).reshape(-1, 3) for r in rows]
-  pixels = [np.asarray(r["pixel_values"], np.float32).reshape(-1, vision.patch_dim) for r in rows]
+  pixels = [np.asarray(r["pixel_values"], np.float32) for r in rows]
+  for p in pixels:
+    if p.ndim != 2 or p.shape[1] != vision.patch_dim:
+      raise ValueError(f"pixel_values rows must be [P, patch_dim={vision.patch_dim}], got {p.shape}; set "
+                       "VisionPackingConfig.patch_dim to the images' ImageConfig.patch_dim")
   grid_thw = np.concatenate(grids) if grids else np.zeros((0, 3), np.int32)
   real = sum(len(p) for p in pixels)
   bucket = vision.bucket(real)

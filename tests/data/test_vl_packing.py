@@ -211,3 +211,9 @@ def test_bucket_rules():
     VisionPackingConfig(num_patches=100).bucket(104)
   with pytest.raises(ValueError, match="multiple of merge_size"):
     VisionPackingConfig(num_patches=102)
+
+
+def test_patch_width_mismatch_is_an_error(tok):
+  rows = pack_vl_samples(_samples(tok, n=2), 200, method="best_fit")
+  with pytest.raises(ValueError, match=r"patch_dim=588\], got \(\d+, 1176\)"):
+    stack_vl_rows(rows, num_rows=len(rows), seq_len=200, vision=VisionPackingConfig(patch_dim=588))
