@@ -4,7 +4,9 @@ Token arrays are packed exactly as for text (:func:`jaxrl.data.pack_samples`: ta
 loss masks, turn ids). Beside them a row carries the patches of its images (``pixel_values [P_r, patch_dim]``)
 and their grids (``grid_thw [I_r, 3]``) in token order. A batch concatenates its rows' patches in row-major
 token order and pads them with zero rows to a fixed bucket, ``num_patches``, so the vision tower's jitted shape
-is fixed per bucket; ``image_rows`` says which row each image is in. With a model config the batch also holds
+is fixed per bucket; ``image_rows`` says which row each image is in. With ``VisionPackingConfig.per_row`` the
+patches stay per row instead, ``[R, num_patches, patch_dim]``, so they shard and split into micro-batches with
+the token rows. With a model config the batch also holds
 the M-RoPE ``rope_positions [R, T, 3]`` and ``rope_deltas [R, T]`` (:func:`jaxrl.models.mrope_positions`).
 
 A sample that holds images is never truncated (image tokens and patches would disagree): longer than
@@ -32,14 +34,25 @@ class VisionPackingConfig:
   """How a batch's image patches are laid out."""
 
   num_patches: int | None = None
-  "Patches per batch, fixed (a recipe's compiled shape); each row then holds at most ``num_patches // rows``. "
-  "None: the smallest ``min_patches * 2**k`` that holds the batch's patches."
+  "Patches per batch (per row with ``per_row``), fixed (a recipe's compiled shape); a row then holds at most "
+  "``num_patches // rows`` (``num_patches``). None: the smallest ``min_patches * 2**k`` that holds the batch's "
+  "patches (the fullest row's)."
   min_patches: int = 256
   "Smallest bucket when ``num_patches`` is None."
   merge_size: int = 2
   "The vision tower's spatial merge (buckets are multiples of ``merge_size**2``)."
   patch_dim: int = 1176
   "Values per patch (``3 * temporal_patch_size * patch_size**2``)."
+  per_row: bool = False
+  "Lay patches out per row, ``pixel_values [R, num_patches, patch_dim]`` (each row's own images, zero-padded), "
+  "so they shard over data-parallel rows and split into micro-batches with the tokens; else one patch sequence "
+  "for the batch, ``[num_patches, patch_dim]``."
+
+  def row_cap(self, num_rows: int) -> int | None:
+    """Most patches one row may hold in a batch of ``num_rows`` rows (None: unbounded)."""
+    if self.num_patches is None:
+      return None
+    return self.num_patches if self.per_row else self.num_patches // num_rows
 
   def __post_init__(self):
     unit = self.merge_size ** 2
@@ -155,7 +168,7 @@ class VisionBatchStats:
   patches: int
   "Real patches in the batch (the rest of ``num_patches`` is zero padding)."
   num_patches: int
-  "The batch's patch bucket."
+  "The batch's patch bucket (per row with ``per_row``)."
   image_overlong: int = 0
   "Samples with images dropped for being longer than ``seq_len`` (never truncated)."
   image_overlong_examples: tuple[int, ...] = ()
@@ -167,7 +180,8 @@ class VisionBatchStats:
 
 
 class VLPackedBatch(NamedTuple):
-  """``arrays`` (:data:`jaxrl.data.ROW_KEYS` plus ``pixel_values`` [num_patches, patch_dim], ``grid_thw``
+  """``arrays`` (:data:`jaxrl.data.ROW_KEYS` plus ``pixel_values`` [num_patches, patch_dim] (per row:
+  [R, num_patches, patch_dim]), ``grid_thw``
   [I, 3], ``image_rows`` [I], and ``rope_positions``/``rope_deltas`` with a model config), the token
   :class:`jaxrl.data.PackingStats` and the :class:`VisionBatchStats`."""
 
@@ -179,8 +193,9 @@ class VLPackedBatch(NamedTuple):
 def stack_vl_rows(rows: Sequence[dict[str, Any]], *, num_rows: int, seq_len: int, vision: VisionPackingConfig,
                   pad_id: int = 0, id_offset: int = 0, model_config=None) -> VLPackedBatch:
   """Stacks packed rows (:func:`pack_vl_samples`) into a batch: :func:`jaxrl.data.stack_rows` for the tokens,
-  the rows' patches concatenated in row order and zero-padded to ``vision.bucket(...)``; with
-  ``model_config`` (a VLM ``ModelConfig``) the M-RoPE positions of the batch."""
+  the rows' patches concatenated in row order and zero-padded to ``vision.bucket(...)`` (with
+  ``vision.per_row``: each row's patches zero-padded to the bucket of the fullest row, ``[R, P, patch_dim]``);
+  with ``model_config`` (a VLM ``ModelConfig``) the M-RoPE positions of the batch."""
   counted = [{"samples": 0, "truncated": 0, "dropped": 0, **r} for r in rows]  # rows not from the iterator
   text: PackedBatch = stack_rows(counted, num_rows=num_rows, seq_len=seq_len, pad_id=pad_id, id_offset=id_offset)
   arrays = dict(text.arrays)
@@ -192,8 +207,14 @@ def stack_vl_rows(rows: Sequence[dict[str, Any]], *, num_rows: int, seq_len: int
                        "VisionPackingConfig.patch_dim to the images' ImageConfig.patch_dim")
   grid_thw = np.concatenate(grids) if grids else np.zeros((0, 3), np.int32)
   real = sum(len(p) for p in pixels)
-  bucket = vision.bucket(real)
-  arrays["pixel_values"] = np.concatenate(pixels + [np.zeros((bucket - real, vision.patch_dim), np.float32)])
+  if vision.per_row:
+    bucket = vision.bucket(max([len(p) for p in pixels], default=0))
+    arrays["pixel_values"] = np.zeros((num_rows, bucket, vision.patch_dim), np.float32)
+    for r, p in enumerate(pixels):
+      arrays["pixel_values"][r, :len(p)] = p
+  else:
+    bucket = vision.bucket(real)
+    arrays["pixel_values"] = np.concatenate(pixels + [np.zeros((bucket - real, vision.patch_dim), np.float32)])
   arrays["grid_thw"] = grid_thw
   arrays["image_rows"] = np.repeat(np.arange(len(rows), dtype=np.int32), [len(g) for g in grids])
   if model_config is not None:
@@ -241,7 +262,7 @@ class _VLBatchIterator(grain.DatasetIterator):
     super().__init__(parent)
     self._cfg, self._vision, self._pad_id = config, vision, pad_id
     self._num_rows, self._id_offset, self._model_config = num_rows, id_offset, model_config
-    self._max_row_patches = None if vision.num_patches is None else vision.num_patches // num_rows
+    self._max_row_patches = vision.row_cap(num_rows)
     self._counts = {k: 0 for k in _COUNTERS} | {k: () for k in _IDS}
     self._chunk_state, self._chunk_counts = parent.get_state(), dict(self._counts)
     self._rows: list[dict[str, Any]] = []
@@ -326,7 +347,8 @@ class VLPackedBatchIterDataset(grain.IterDataset):
     super().__init__(parent)
     self._kw = dict(config=config, vision=vision, pad_id=pad_id, id_offset=id_offset, model_config=model_config,
                     num_rows=config.global_rows if num_rows is None else num_rows)
-    if vision.num_patches is not None and vision.num_patches // self._kw["num_rows"] < vision.merge_size ** 2:
+    cap = vision.row_cap(self._kw["num_rows"])
+    if cap is not None and cap < vision.merge_size ** 2:
       raise ValueError(f"num_patches={vision.num_patches} leaves no patches per row for {self._kw['num_rows']} rows")
 
   def __iter__(self) -> grain.DatasetIterator:

@@ -213,6 +213,36 @@ def test_bucket_rules():
     VisionPackingConfig(num_patches=102)
 
 
+def test_per_row_layout_holds_each_rows_own_patches(tok):
+  samples = _samples(tok, n=12)
+  rows = pack_vl_samples(samples, 160, method="best_fit")
+  flat = stack_vl_rows(rows, num_rows=len(rows) + 1, seq_len=160, vision=VisionPackingConfig(min_patches=64))
+  per = stack_vl_rows(rows, num_rows=len(rows) + 1, seq_len=160,
+                      vision=VisionPackingConfig(min_patches=8, per_row=True))
+  sizes = np.prod(flat.arrays["grid_thw"], axis=1)  # patches per image, in token order
+  starts = np.concatenate([[0], np.cumsum(sizes)])
+  row_patches = [int(sizes[flat.arrays["image_rows"] == r].sum()) for r in range(len(rows) + 1)]
+  bucket = per.arrays["pixel_values"].shape[1]
+  assert per.arrays["pixel_values"].shape == (len(rows) + 1, bucket, 1176) and bucket == per.vision.num_patches
+  assert bucket >= max(row_patches) > bucket // 2 and bucket % 8 == 0
+  for r in range(len(rows) + 1):
+    mine = np.flatnonzero(flat.arrays["image_rows"] == r)
+    want = np.concatenate([flat.arrays["pixel_values"][starts[i]:starts[i + 1]] for i in mine] or
+                          [np.zeros((0, 1176), np.float32)])
+    np.testing.assert_array_equal(per.arrays["pixel_values"][r, :row_patches[r]], want)
+    assert not per.arrays["pixel_values"][r, row_patches[r]:].any()
+  for k in ("tokens", "grid_thw", "image_rows"):
+    np.testing.assert_array_equal(per.arrays[k], flat.arrays[k])
+  cap = 100  # a fixed per-row bucket caps every row
+  cfg = PackingConfig(seq_len=256, global_rows=2, buffer_size=5)
+  vision = VisionPackingConfig(num_patches=cap, per_row=True)
+  for b in VLPackedBatchIterDataset(_dataset(samples), config=cfg, vision=vision):
+    assert b.arrays["pixel_values"].shape == (2, cap, 1176)
+    per_row = np.zeros(2, np.int64)
+    np.add.at(per_row, b.arrays["image_rows"], np.prod(b.arrays["grid_thw"], axis=1))
+    assert (per_row <= cap).all()
+
+
 def test_patch_width_mismatch_is_an_error(tok):
   rows = pack_vl_samples(_samples(tok, n=2), 200, method="best_fit")
   with pytest.raises(ValueError, match=r"patch_dim=588\], got \(\d+, 1176\)"):
