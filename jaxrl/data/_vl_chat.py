@@ -285,7 +285,7 @@ def encode_vl_prompt(tokenizer, record: dict[str, Any], *, images: ImageConfig |
   assistant = [i for i, m in enumerate(flat) if m.get("role") == "assistant"]
   if assistant and not any(m.get("role") == "user" for m in flat[assistant[-1]:]):
     flat = flat[:assistant[-1]]  # the record's answer and what follows it are not prompt
-    sources = sources[:sum(m["content"].count(IMAGE_PAD) for m in flat)]
+    sources = sources[:sum(str(m.get("content") or "").count(IMAGE_PAD) for m in flat)]
   pixels, grids = load_vl_images(sources, cfg, image_root=image_root)
   tokens = encode_prompt(tokenizer, {"prompt": flat})
   out = expand_image_tokens({"tokens": tokens}, grids, image_pad=pad, merge_size=cfg.merge_size, where=where)
