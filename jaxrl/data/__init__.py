@@ -84,6 +84,7 @@ from jaxrl.data._vl_packing import (
     fit_vl_sample,
     pack_vl_samples,
     stack_vl_rows,
+    vl_batches,
     vl_skip_report,
 )
 from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir, tokenizer_dir
@@ -98,6 +99,7 @@ __all__ = [
     "fit_vl_sample",
     "pack_vl_samples",
     "stack_vl_rows",
+    "vl_batches",
     "vl_skip_report",
     "IMAGE_MARKER",
     "IMAGE_PLACEHOLDER",

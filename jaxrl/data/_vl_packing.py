@@ -24,8 +24,10 @@ from typing import Any, NamedTuple
 import grain
 import numpy as np
 
+from jaxrl.data._images import ImageConfig
 from jaxrl.data._packing import PackedBatch, PackingConfig, assign_rows, fit_sample, pack_samples, stack_rows
 from jaxrl.data._skips import MAX_EXAMPLES, SkipReport
+from jaxrl.data._vl_chat import encode_vl_record
 from jaxrl.models import mrope_positions
 
 
@@ -353,3 +355,45 @@ class VLPackedBatchIterDataset(grain.IterDataset):
 
   def __iter__(self) -> grain.DatasetIterator:
     return _VLBatchIterator(self._parent.__iter__(), **self._kw)
+
+
+class _EncodeVL:
+  """Picklable ``record -> encode_vl_record(...)`` (for Grain worker processes)."""
+
+  def __init__(self, tokenizer, images: ImageConfig, image_root, end_of_turn):
+    self.tokenizer, self.images, self.image_root, self.end_of_turn = tokenizer, images, image_root, end_of_turn
+
+  def __call__(self, record):
+    return encode_vl_record(self.tokenizer, record, images=self.images, image_root=self.image_root,
+                            end_of_turn=self.end_of_turn)
+
+
+def vl_batches(source, tokenizer, *, images: ImageConfig, packing: PackingConfig, vision: VisionPackingConfig,
+               model_config=None, seed: int = 0, shuffle: bool = True, num_epochs: int | None = 1,
+               process_index: int = 0, process_count: int = 1, image_root=None, end_of_turn: str | None = None,
+               num_threads: int = 2) -> VLPackedBatchIterDataset:
+  """Records with images -> :class:`VLPackedBatch` es of ``global_rows // process_count`` rows for this process:
+  shuffle, shard, repeat, :func:`jaxrl.data.encode_vl_record` (images loaded and processed in Grain's reader
+  threads), pack (the text pipeline's order, :func:`jaxrl.data.sft_batches`).
+
+  Args:
+    source: a random-access record source (``len`` and ``[i]``): a list of records (e.g.
+      ``BuiltinImageTask().records("train")``) or a file source whose records keep ``_where``/``_index``.
+    images, packing, vision, model_config: as for :func:`encode_vl_record` and :class:`VLPackedBatchIterDataset`.
+  """
+  if packing.global_rows % process_count:
+    raise ValueError(f"global_rows={packing.global_rows} does not split over {process_count} processes")
+  if len(source) < process_count:
+    raise ValueError(f"{len(source)} records cannot be sharded over {process_count} processes")
+  ds = grain.MapDataset.source(source)
+  if shuffle:
+    ds = ds.shuffle(seed=seed)
+  ds = ds[process_index::process_count]
+  if num_epochs != 1:
+    ds = ds.repeat(num_epochs)
+  ds = ds.map(_EncodeVL(tokenizer, images, image_root, end_of_turn))
+  rows = packing.global_rows // process_count
+  pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  return VLPackedBatchIterDataset(ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads)), config=packing,
+                                  vision=vision, pad_id=pad_id, num_rows=rows,
+                                  id_offset=process_index * rows * packing.seq_len, model_config=model_config)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from jaxrl.data import (ImageConfig, ImageTaskConfig, PackingConfig, VisionPackingConfig, VLPackedBatchIterDataset,
+from jaxrl.data import (BuiltinImageTask, ImageConfig, ImageTaskConfig, PackingConfig, VisionPackingConfig, VLPackedBatchIterDataset,
                         encode_vl_record, generate_image_task, image_task_record, pack_vl_samples, stack_vl_rows,
-                        vl_skip_report)
+                        vl_batches, vl_skip_report)
 from jaxrl import models
 from jaxrl.models import ModelConfig, mrope_positions
 
@@ -247,3 +247,20 @@ def test_patch_width_mismatch_is_an_error(tok):
   rows = pack_vl_samples(_samples(tok, n=2), 200, method="best_fit")
   with pytest.raises(ValueError, match=r"patch_dim=588\], got \(\d+, 1176\)"):
     stack_vl_rows(rows, num_rows=len(rows), seq_len=200, vision=VisionPackingConfig(patch_dim=588))
+
+
+def test_vl_batches_shards_records_and_keeps_every_image(tok, model_config):
+  records = BuiltinImageTask(n_train=24, difficulty=2, image_size=56, seed=0).records("train")
+  records = [{**r, "_index": i, "_where": f"task:{i + 1}"} for i, r in enumerate(records)]
+  packing = PackingConfig(seq_len=256, global_rows=4, buffer_size=8)
+  samples, read = 0, []
+  for pi in range(2):
+    ds = vl_batches(records, tok, images=CFG, packing=packing, vision=VisionPackingConfig(min_patches=64),
+                    model_config=model_config, seed=3, process_index=pi, process_count=2, num_threads=0)
+    for b in ds:
+      assert b.arrays["tokens"].shape == (2, 256)  # this process's share of global_rows
+      pads = b.arrays["tokens"] == model_config.image_token_id
+      assert len(b.arrays["grid_thw"]) == int(pads.sum()) // 4  # 56 px images: 4 tokens each, all whole
+      samples += b.stats.samples
+    read.append(b.stats.samples_read)
+  assert read == [12, 12] and samples == 24  # each process its half of the records, every one packed
