@@ -28,7 +28,7 @@ from jaxrl.data._images import ImageConfig
 from jaxrl.data._packing import PackedBatch, PackingConfig, assign_rows, fit_sample, pack_samples, stack_rows
 from jaxrl.data._skips import MAX_EXAMPLES, SkipReport
 from jaxrl.data._vl_chat import encode_vl_record
-from jaxrl.models import mrope_positions
+from jaxrl.models import VISION_LAYOUT_KEYS, batch_vision_inputs, mrope_positions
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -183,8 +183,9 @@ class VisionBatchStats:
 
 class VLPackedBatch(NamedTuple):
   """``arrays`` (:data:`jaxrl.data.ROW_KEYS` plus ``pixel_values`` [num_patches, patch_dim] (per row:
-  [R, num_patches, patch_dim]), ``grid_thw``
-  [I, 3], ``image_rows`` [I], and ``rope_positions``/``rope_deltas`` with a model config), the token
+  [R, num_patches, patch_dim]), ``grid_thw`` [I, 3], ``image_rows`` [I], and with a model config
+  ``rope_positions``/``rope_deltas`` and, per row, the tower's layout arrays (:data:`jaxrl.models.VISION_LAYOUT_KEYS`,
+  each [R, ...]): ``jaxrl.models.VisionInputs.from_batch(arrays)`` is then what the model takes), the token
   :class:`jaxrl.data.PackingStats` and the :class:`VisionBatchStats`."""
 
   arrays: dict[str, np.ndarray]
@@ -197,7 +198,9 @@ def stack_vl_rows(rows: Sequence[dict[str, Any]], *, num_rows: int, seq_len: int
   """Stacks packed rows (:func:`pack_vl_samples`) into a batch: :func:`jaxrl.data.stack_rows` for the tokens,
   the rows' patches concatenated in row order and zero-padded to ``vision.bucket(...)`` (with
   ``vision.per_row``: each row's patches zero-padded to the bucket of the fullest row, ``[R, P, patch_dim]``);
-  with ``model_config`` (a VLM ``ModelConfig``) the M-RoPE positions of the batch."""
+  with ``model_config`` (a VLM ``ModelConfig``) the M-RoPE positions of the batch and, with ``per_row``, each
+  row's tower layout (:func:`jaxrl.models.batch_vision_inputs`), so every array but ``grid_thw``/``image_rows``
+  has the rows' leading axis and shards and splits with them."""
   counted = [{"samples": 0, "truncated": 0, "dropped": 0, **r} for r in rows]  # rows not from the iterator
   text: PackedBatch = stack_rows(counted, num_rows=num_rows, seq_len=seq_len, pad_id=pad_id, id_offset=id_offset)
   arrays = dict(text.arrays)
@@ -222,6 +225,9 @@ def stack_vl_rows(rows: Sequence[dict[str, Any]], *, num_rows: int, seq_len: int
   if model_config is not None:
     rope, deltas = mrope_positions(arrays["tokens"], arrays["segment_ids"], grid_thw, model_config)
     arrays["rope_positions"], arrays["rope_deltas"] = rope, deltas
+    if vision.per_row:
+      layout = batch_vision_inputs(arrays["pixel_values"], grid_thw, arrays["image_rows"], model_config.vision).layout
+      arrays.update({k: getattr(layout, k) for k in VISION_LAYOUT_KEYS})
   last = rows[-1] if rows else {}
   stats = VisionBatchStats(
       images=len(grid_thw), patches=real, num_patches=bucket,

@@ -63,7 +63,16 @@ from jaxrl.models._placement import abstract_model, cast_params, compute_view, i
 from jaxrl.models._source import ModelSource, convert, describe_model_section
 from jaxrl.models._transformer import Placement, Transformer
 from jaxrl.models._transformer import add_lora
-from jaxrl.models._vision import VisionConfig, VisionInputs, VisionLayout, VisionTower, vision_layout
+from jaxrl.models._vision import (
+    VISION_LAYOUT_KEYS,
+    VisionConfig,
+    VisionInputs,
+    VisionLayout,
+    VisionTower,
+    batch_vision_inputs,
+    stack_layouts,
+    vision_layout,
+)
 
 __all__ = [
     "LORA_LR_MULTIPLIER",
@@ -97,6 +106,9 @@ __all__ = [
     "VisionInputs",
     "VisionLayout",
     "VisionTower",
+    "VISION_LAYOUT_KEYS",
+    "batch_vision_inputs",
+    "stack_layouts",
     "decode_rope_positions",
     "mrope_axes",
     "mrope_positions",

@@ -8,7 +8,7 @@ carries logical axis names in its ``out_sharding`` metadata (``embed``, ``vocab`
 axes. Inputs are packed: ``tokens``, ``positions`` and ``segment_ids`` (0 = padding), each ``[B, T]``.
 
 A vision-language model (``cfg.vision``) is this same module with a vision tower attached as ``visual``:
-:meth:`Transformer.run` takes the batch's images (:class:`VisionInputs`), runs the tower once and puts its
+:meth:`Transformer.run` takes the batch's images per token row (:class:`VisionInputs`), runs the tower once and puts its
 merged embeddings at the image placeholder tokens; ``rope_positions [B, T, 3]`` (M-RoPE,
 :func:`jaxrl.models.mrope_positions`) feed the rotary embedding while the 1-D ``positions`` keep driving
 causality and the KV cache.
@@ -377,25 +377,31 @@ class Transformer(nnx.Module):
       *,
       annotate: bool = True,
   ) -> tuple[jax.Array, jax.Array]:  # embeds [B, T, D], embeds_mask [B, T] bool
-    """The vision tower over every image of the batch, its merged rows placed at the image tokens.
+    """The vision tower over each row's images, row ``r``'s merged rows placed at row ``r``'s image tokens.
 
-    Row ``k`` of the tower's output (images concatenated in token order) goes to the ``k``-th
-    ``cfg.image_token_id`` token in row-major order over ``[B, T]`` (HF ``masked_scatter``); the result
-    feeds :meth:`embed_tokens`' ``embeds``/``embeds_mask``. The tower runs once per call: a caller that
-    samples several continuations of one prompt runs it once and reuses ``embeds``. The host keeps the
-    image tokens and ``grid_thw`` consistent (:func:`jaxrl.models.mrope_positions` checks them); tokens
-    beyond the tower's rows would repeat its last row.
+    ``images`` is per row (:class:`VisionInputs`, ``pixel_values [B, P, patch_dim]``): merged row ``k`` of
+    token row ``r`` (its images concatenated in token order) goes to the ``k``-th ``cfg.image_token_id``
+    token of that row (HF ``masked_scatter``, row by row); the result feeds :meth:`embed_tokens`'
+    ``embeds``/``embeds_mask``. The tower runs once per call as a batch of ``B`` patch sequences, with
+    ``cfg.remat_policy`` like the blocks: a caller that samples several continuations of one prompt runs
+    it once and reuses ``embeds``. The host keeps the image tokens and ``grid_thw`` consistent
+    (:func:`jaxrl.models.mrope_positions` checks them); tokens beyond a row's merged rows would repeat
+    its last one.
     """
     cfg = self.cfg
     if self.visual is None:
       raise ValueError(f"images: model_type {cfg.model_type!r} has no vision tower")
+    if images.pixel_values.shape[0] != tokens.shape[0]:
+      raise ValueError(f"images: pixel_values has {images.pixel_values.shape[0]} rows, tokens "
+                       f"{tokens.shape[0]} (vision inputs are per token row: [B, P, patch_dim])")
     with jax.named_scope("visual"):
       feats = self.visual(images.pixel_values, images.layout, placement=self.placement if annotate else None,
-                          attention_impl=cfg.attention_impl, interpret=cfg.attention_interpret)  # [U, D]
+                          attention_impl=cfg.attention_impl, interpret=cfg.attention_interpret,
+                          remat_policy=cfg.remat_policy if annotate else None)  # [B, U, D]
     mask = tokens == cfg.image_token_id  # [B, T]
-    row = jnp.cumsum(mask.reshape(-1).astype(jnp.int32)) - 1  # [B*T] image-token index
-    embeds = jnp.take(feats, jnp.clip(row, 0, feats.shape[0] - 1), axis=0)  # [B*T, D]
-    return embeds.reshape(*tokens.shape, feats.shape[-1]), mask
+    index = jnp.clip(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0, feats.shape[1] - 1)  # [B, T]
+    embeds = jnp.take_along_axis(feats, index[..., None], axis=1)  # [B, T, D]
+    return embeds, mask
 
   def unembed(self, h: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, V] float32
     """Logits ``h · W`` with ``W`` = :meth:`unembed_matrix`, accumulated in float32: the output projection

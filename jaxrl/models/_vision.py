@@ -1,7 +1,8 @@
 """The Qwen2.5-VL and Qwen2-VL vision towers: config, host-side patch layout and the NNX module.
 
-The tower turns an image's patches ``[P, C·T·P·P]`` (the processor's ``pixel_values``) into merged
-embeddings ``[P / m², D_out]`` that replace the image placeholder tokens of the language model:
+The tower turns each batch row's patches ``[R, P, C·T·P·P]`` (the processor's ``pixel_values`` of the
+row's images, concatenated in token order and zero-padded to a per-row bucket ``P``) into merged
+embeddings ``[R, P / m², D_out]`` that replace the row's image placeholder tokens in the language model:
 
 * patch embedding: a linear map over ``C·T·P·P`` (HF's ``Conv3d`` with stride = kernel);
 * ``depth`` pre-norm blocks ``x += proj(attn(norm1(x))); x += mlp(norm2(x))`` with 2-D rotary
@@ -15,9 +16,12 @@ embeddings ``[P / m², D_out]`` that replace the image placeholder tokens of the
   ``Linear -> GELU(exact) -> Linear``; the window permutation is undone so rows come out in image-token
   order.
 
-Both attention kinds are segment-id masks over the one packed patch sequence of all images, so the
-tower runs every image of a batch in one call with fixed (bucketed) shapes; :func:`vision_layout`
-builds the masks, the window order and the rotary positions on the host.
+Both attention kinds are segment-id masks over each row's packed patch sequence, so the tower runs a
+batch of ``R`` patch sequences (one per token row, sharded and micro-batched with the rows) in one call
+with fixed (bucketed) shapes; :func:`vision_layout` builds one row's masks, window order and rotary
+positions on the host, :func:`batch_vision_inputs` a batch's. A row without images is all padding
+(segment 0, zero output) and needs no dummy image: every parameter's gradient comes from the same jitted
+program on every device, zero where unused, so there is no FSDP-style gradient hook to keep in step.
 
 Reference: transformers 5 ``modeling_qwen2_5_vl.py`` (``Qwen2_5_VisionTransformerPretrainedModel``),
 ``modeling_qwen2_vl.py`` (``Qwen2VisionTransformerPretrainedModel``) and ``vision_utils.py``
@@ -212,22 +216,40 @@ class VisionLayout:
   """Where each patch goes and what it attends to; numpy from :func:`vision_layout`, arrays inside jit.
 
   ``P`` patches (a bucket, padding at the end), ``U = P / m²`` merged units. Per-patch fields are in
-  window order (the order the blocks see).
+  window order (the order the blocks see). :func:`vision_layout` gives one row's (no leading axis); the
+  tower takes a batch's, every field with a leading ``[R]`` axis (:func:`stack_layouts`).
   """
 
-  window_index: Any  # [U] int32: merged units in window order (HF get_vision_window_index); padding maps to itself
-  window_segments: Any  # [P] int32: segment of each patch in window-attention blocks; 0 = padding
-  image_segments: Any  # [P] int32: segment (one per image frame) in full-attention blocks; 0 = padding
-  rotary: Any  # [P, 2] int32: (row, column) of each patch for the 2-D rotary embedding
+  window_index: Any  # [R, U] int32: merged units in window order (HF get_vision_window_index); padding maps to itself
+  window_segments: Any  # [R, P] int32: segment of each patch in window-attention blocks; 0 = padding
+  image_segments: Any  # [R, P] int32: segment (one per image frame) in full-attention blocks; 0 = padding
+  rotary: Any  # [R, P, 2] int32: (row, column) of each patch for the 2-D rotary embedding
+
+
+VISION_LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(VisionLayout))
+"""The :class:`VisionLayout` fields, as a VL batch names its arrays (``jaxrl.data.stack_vl_rows``)."""
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class VisionInputs:
-  """A batch's images for the tower: every image's patches concatenated in token order, and their layout."""
+  """A batch's images for the tower, per token row: row ``r``'s images' patches concatenated in token
+  order and zero-padded to ``P``, and their (stacked) layout. Rows shard and split like the tokens."""
 
-  pixel_values: Any  # [P, patch_dim] float (padding rows are ignored)
-  layout: VisionLayout
+  pixel_values: Any  # [R, P, patch_dim] float (padding patches are ignored)
+  layout: VisionLayout  # fields [R, ...]
+
+  @classmethod
+  def from_batch(cls, batch: Mapping[str, Any]) -> VisionInputs | None:
+    """The images of a VL batch dict (``pixel_values`` and the :data:`VISION_LAYOUT_KEYS` arrays, as
+    ``jaxrl.data.stack_vl_rows`` writes them with ``per_row`` and a model config); None without them."""
+    if "pixel_values" not in batch:
+      return None
+    missing = [k for k in VISION_LAYOUT_KEYS if k not in batch]
+    if missing:
+      raise ValueError(f"batch has pixel_values but not the vision layout arrays {missing} (build it with "
+                       "VisionPackingConfig(per_row=True) and a model config, or batch_vision_inputs)")
+    return cls(batch["pixel_values"], VisionLayout(**{k: batch[k] for k in VISION_LAYOUT_KEYS}))
 
 
 def vision_layout(grid_thw, cfg: VisionConfig, *, num_patches: int | None = None) -> VisionLayout:
@@ -307,6 +329,39 @@ def _unit_rotary(grid: np.ndarray, m: int) -> np.ndarray:
   return np.concatenate(out) if out else np.zeros((0, 2), np.int64)
 
 
+def stack_layouts(layouts) -> VisionLayout:
+  """One-row layouts (:func:`vision_layout`, all with the same ``num_patches``) stacked on a leading ``[R]``."""
+  layouts = list(layouts)
+  sizes = {len(lay.image_segments) for lay in layouts}
+  if len(sizes) != 1:
+    raise ValueError(f"stack_layouts: rows must share num_patches, got {sorted(sizes)}")
+  return VisionLayout(**{k: np.stack([getattr(lay, k) for lay in layouts]) for k in VISION_LAYOUT_KEYS})
+
+
+def batch_vision_inputs(pixel_values, grid_thw, image_rows, cfg: VisionConfig) -> VisionInputs:
+  """A batch's :class:`VisionInputs` on the host (numpy) from per-row patches and the images' grids.
+
+  Args:
+    pixel_values: ``[R, P, patch_dim]``; row ``r`` holds its images' patches in token order, then zeros.
+    grid_thw: ``[I, 3]`` every image's grid, rows in order, each row's images in token order.
+    image_rows: ``[I]`` the row of each image (non-decreasing).
+    cfg: the tower's config.
+
+  Rows without images get an all-padding layout (segment 0, zero tower output).
+  """
+  pixel_values = np.asarray(pixel_values, np.float32)
+  if pixel_values.ndim != 3 or pixel_values.shape[2] != cfg.patch_dim:
+    raise ValueError(f"pixel_values must be [R, P, patch_dim={cfg.patch_dim}], got {pixel_values.shape}")
+  grid = np.asarray(grid_thw, np.int64).reshape(-1, 3)
+  rows = np.asarray(image_rows, np.int64).reshape(-1)
+  num_rows, num_patches = pixel_values.shape[:2]
+  if len(rows) != len(grid) or (len(rows) and (rows.min() < 0 or rows.max() >= num_rows or np.any(np.diff(rows) < 0))):
+    raise ValueError(f"image_rows {rows.tolist()} must give a row in [0, {num_rows}) for each of the {len(grid)} "
+                     "images, in order")
+  layouts = [vision_layout(grid[rows == r], cfg, num_patches=num_patches) for r in range(num_rows)]
+  return VisionInputs(pixel_values, stack_layouts(layouts))
+
+
 # --------------------------------------------------------------------------------------------------
 # The module
 
@@ -365,46 +420,47 @@ class VisionBlock(nnx.Module):
   def _w(self, name: str) -> jax.Array:
     return getattr(self, name)[...].astype(self.dtype)
 
-  def mlp(self, x: jax.Array) -> jax.Array:  # [P, E] -> [P, E]
+  def mlp(self, x: jax.Array) -> jax.Array:  # [R, P, E] -> [R, P, E]
     """SwiGLU ``(silu(x·Wg + bg) ⊙ (x·Wu + bu))·Wd + bd`` (Qwen2.5-VL) or QuickGELU
     ``g(x·W1 + b1)·W2 + b2``, ``g(z) = z·sigmoid(1.702 z)`` (Qwen2-VL)."""
     if hasattr(self, "gate"):
-      gate = jnp.einsum("pe,ef->pf", x, self._w("gate")) + self._w("gate_bias")
-      up = jnp.einsum("pe,ef->pf", x, self._w("up")) + self._w("up_bias")
-      return jnp.einsum("pf,fe->pe", jax.nn.silu(gate) * up, self._w("down")) + self._w("down_bias")
-    z = jnp.einsum("pe,ef->pf", x, self._w("fc1")) + self._w("fc1_bias")
-    return jnp.einsum("pf,fe->pe", z * jax.nn.sigmoid(1.702 * z), self._w("fc2")) + self._w("fc2_bias")
+      gate = jnp.einsum("...e,ef->...f", x, self._w("gate")) + self._w("gate_bias")
+      up = jnp.einsum("...e,ef->...f", x, self._w("up")) + self._w("up_bias")
+      return jnp.einsum("...f,fe->...e", jax.nn.silu(gate) * up, self._w("down")) + self._w("down_bias")
+    z = jnp.einsum("...e,ef->...f", x, self._w("fc1")) + self._w("fc1_bias")
+    return jnp.einsum("...f,fe->...e", z * jax.nn.sigmoid(1.702 * z), self._w("fc2")) + self._w("fc2_bias")
 
   def __call__(self, x, *, cos, sin, segments, placement=None, attention_impl="auto", interpret=False):
-    """``x [P, E]`` -> ``[P, E]``; ``cos``/``sin [P, H]`` rotary tables, ``segments [P]`` the attention mask."""
+    """``x [R, P, E]`` -> ``[R, P, E]``; ``cos``/``sin [R, P, H]`` rotary tables, ``segments [R, P]`` the
+    attention mask (each row's patch sequence attends within itself)."""
     with jax.named_scope("attention"):
-      qkv = jnp.einsum("pe,ecnh->pcnh", self.norm1(x), self._w("qkv")) + self._w("qkv_bias")  # [P, 3, N, H]
-      q, k = (_rotate(qkv[:, i], cos, sin) for i in (0, 1))
+      qkv = jnp.einsum("rpe,ecnh->rpcnh", self.norm1(x), self._w("qkv")) + self._w("qkv_bias")  # [R, P, 3, N, H]
+      q, k = (_rotate(qkv[:, :, i], cos, sin) for i in (0, 1))
       attend = kernels.attention if placement is None else placement.attention
-      out = attend(q[None], k[None], qkv[None, :, 2], segment_ids=segments[None], causal=False,
-                   impl=attention_impl, interpret=interpret)[0]  # [P, N, H]
-      x = x + jnp.einsum("pnh,nhe->pe", out, self._w("proj")) + self._w("proj_bias")
+      out = attend(q, k, qkv[:, :, 2], segment_ids=segments, causal=False, impl=attention_impl,
+                   interpret=interpret)  # [R, P, N, H]
+      x = x + jnp.einsum("rpnh,nhe->rpe", out, self._w("proj")) + self._w("proj_bias")
     with jax.named_scope("mlp"):
       return x + self.mlp(self.norm2(x))
 
 
-def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:  # [P, N, H] -> [P, N, H]
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:  # [R, P, N, H] -> [R, P, N, H]
   """``x·cos + rotate_half(x)·sin`` in float32 (HF ``apply_rotary_pos_emb_vision``)."""
   x32 = x.astype(jnp.float32)
   half = x.shape[-1] // 2
   rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-  return (x32 * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
+  return (x32 * cos[..., None, :] + rotated * sin[..., None, :]).astype(x.dtype)
 
 
 def rotary_tables(rotary: jax.Array, cfg: VisionConfig) -> tuple[jax.Array, jax.Array]:
-  """``cos, sin [P, H]`` float32 of the 2-D RoPE at (row, column) ``rotary [P, 2]``.
+  """``cos, sin [..., P, H]`` float32 of the 2-D RoPE at (row, column) ``rotary [..., P, 2]``.
 
   ``inv_freq_j = θ^(-2j / (H/2))`` for ``j < H/4``; angles ``[row·inv_freq, col·inv_freq]`` (H/2) repeated
   twice to cover the head (HF ``Qwen2_5_VLVisionRotaryEmbedding``).
   """
   half = cfg.head_dim // 2
   inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, half, 2, dtype=jnp.float32) / half))  # [H/4]
-  angles = (rotary.astype(jnp.float32)[:, :, None] * inv_freq).reshape(rotary.shape[0], half)  # [P, H/2]
+  angles = (rotary.astype(jnp.float32)[..., None] * inv_freq).reshape(*rotary.shape[:-1], half)  # [..., P, H/2]
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.cos(angles), jnp.sin(angles)
 
@@ -421,22 +477,23 @@ class PatchMerger(nnx.Module):
     self.fc2 = _param(_normal(rngs, (m2 * e, cfg.out_hidden_size), pd), ("mlp", "embed"))
     self.fc2_bias = _param(jnp.zeros((cfg.out_hidden_size,), pd), ("norm",))
 
-  def __call__(self, x: jax.Array) -> jax.Array:  # [P, E] -> [P / m², D_out]
+  def __call__(self, x: jax.Array) -> jax.Array:  # [R, P, E] -> [R, P / m², D_out]
     e = self.fc1.shape[0]
-    h = self.norm(x).reshape(-1, e)  # [U, m²E]
-    h = jnp.einsum("ue,ef->uf", h, self.fc1[...].astype(self.dtype)) + self.fc1_bias[...].astype(self.dtype)
+    h = self.norm(x).reshape(x.shape[0], -1, e)  # [R, U, m²E]
+    h = jnp.einsum("rue,ef->ruf", h, self.fc1[...].astype(self.dtype)) + self.fc1_bias[...].astype(self.dtype)
     h = jax.nn.gelu(h, approximate=False)
-    return jnp.einsum("uf,fd->ud", h, self.fc2[...].astype(self.dtype)) + self.fc2_bias[...].astype(self.dtype)
+    return jnp.einsum("ruf,fd->rud", h, self.fc2[...].astype(self.dtype)) + self.fc2_bias[...].astype(self.dtype)
 
 
 class VisionTower(nnx.Module):
-  """The Qwen2.5-VL / Qwen2-VL vision encoder: patches ``[P, C·T·P·P]`` -> merged rows ``[P/m², D_out]``.
+  """The Qwen2.5-VL / Qwen2-VL vision encoder: per-row patches ``[R, P, C·T·P·P]`` -> merged rows
+  ``[R, P/m², D_out]``.
 
   Example::
 
       tower = VisionTower(cfg, param_dtype=jnp.float32, dtype=jnp.float32, rngs=nnx.Rngs(0))
-      layout = vision_layout(grid_thw, cfg, num_patches=1024)
-      rows = tower(jnp.asarray(padded_pixels), jax.tree.map(jnp.asarray, layout))  # [256, D_out]
+      images = batch_vision_inputs(pixels, grid_thw, image_rows, cfg)  # pixels [R, 1024, patch_dim]
+      rows = tower(jnp.asarray(images.pixel_values), jax.tree.map(jnp.asarray, images.layout))  # [R, 256, D_out]
   """
 
   def __init__(self, cfg: VisionConfig, *, param_dtype, dtype, scan_layers: bool = True, rngs: nnx.Rngs):
@@ -458,7 +515,8 @@ class VisionTower(nnx.Module):
 
   def __call__(self, pixel_values, layout: VisionLayout, *, placement=None, attention_impl="auto",
                interpret=False, remat_policy=None) -> jax.Array:
-    """Merged embeddings ``[U, D_out]`` of ``pixel_values [P, C·T·P·P]`` in image-token (original) order.
+    """Merged embeddings ``[R, U, D_out]`` of ``pixel_values [R, P, C·T·P·P]``, each row's in image-token
+    (original) order.
 
     Rows of padding units (``image_segments == 0``) are zero. ``placement`` (the language model's
     :class:`~jaxrl.models.Placement`, or None) runs attention per shard; ``remat_policy`` (a
@@ -466,23 +524,25 @@ class VisionTower(nnx.Module):
     the backward pass; None saves every activation.
     """
     cfg, m2 = self.cfg, self.cfg.spatial_merge_size ** 2
-    num_patches = pixel_values.shape[0]
-    if pixel_values.shape[1] != cfg.patch_dim or num_patches != layout.image_segments.shape[0]:
-      raise ValueError(f"pixel_values: expected [{layout.image_segments.shape[0]}, {cfg.patch_dim}] "
-                       f"(layout patches, C·T·P·P), got {tuple(pixel_values.shape)}")
+    want = (*layout.image_segments.shape, cfg.patch_dim)
+    if layout.image_segments.ndim != 2 or tuple(pixel_values.shape) != want:
+      raise ValueError(f"pixel_values: expected [R, P, patch_dim]={want} (the layout's rows and patches, "
+                       f"C·T·P·P), got {tuple(pixel_values.shape)}; layouts need a leading row axis (stack_layouts)")
+    num_rows, num_patches = want[:2]
     with jax.named_scope("patch_embed"):
       w = self.patch_embed[...].astype(self.dtype).reshape(cfg.patch_dim, cfg.hidden_size)
-      x = jnp.einsum("pk,ke->pe", pixel_values.astype(self.dtype), w)  # [P, E]
-      x = jnp.take(x.reshape(-1, m2, cfg.hidden_size), layout.window_index, axis=0).reshape(num_patches, -1)
+      x = jnp.einsum("rpk,ke->rpe", pixel_values.astype(self.dtype), w)  # [R, P, E]
+      x = jnp.take_along_axis(x.reshape(num_rows, -1, m2, cfg.hidden_size), layout.window_index[:, :, None, None],
+                              axis=1).reshape(num_rows, num_patches, -1)
     x = self._blocks(x, layout, remat_policy=remat_policy, placement=placement, attention_impl=attention_impl,
                      interpret=interpret)
     with jax.named_scope("merger"):
-      merged = self.merger(x)  # [U, D_out], window order
-      real = layout.image_segments.reshape(-1, m2)[:, 0] > 0  # [U]
-      merged = jnp.where(real[:, None], merged, 0)
-      return jnp.zeros_like(merged).at[layout.window_index].set(merged)
+      merged = self.merger(x)  # [R, U, D_out], window order
+      real = layout.image_segments.reshape(num_rows, -1, m2)[..., 0] > 0  # [R, U]
+      merged = jnp.where(real[..., None], merged, 0)
+      return jax.vmap(lambda m, order: jnp.zeros_like(m).at[order].set(m))(merged, layout.window_index)
 
-  def _blocks(self, x, layout: VisionLayout, *, remat_policy, **kw) -> jax.Array:  # [P, E] -> [P, E]
+  def _blocks(self, x, layout: VisionLayout, *, remat_policy, **kw) -> jax.Array:  # [R, P, E] -> [R, P, E]
     """Every block, scanned or looped; each takes the frame or the window segments (``full_attention``)."""
     cos, sin = rotary_tables(layout.rotary, self.cfg)
     full = jnp.asarray(self.cfg.full_attention)

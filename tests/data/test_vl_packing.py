@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import grain
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -98,11 +99,8 @@ def test_packed_equals_unpacked(tok, model_config):
   assert not batch.arrays["segment_ids"][-1].any()  # the empty padding row
 
 
-def _forward(model, tokens, segment_ids, positions, rope, pixel_values, grid_thw, num_patches=None):
-  images = None
-  if len(grid_thw):
-    layout = models.vision_layout(np.asarray(grid_thw), model.cfg.vision, num_patches=num_patches)
-    images = models.VisionInputs(jnp.asarray(pixel_values, jnp.float32), layout)
+def _forward(model, tokens, segment_ids, positions, rope, images):
+  images = None if images is None else jax.tree.map(jnp.asarray, images)
   return np.asarray(model(jnp.asarray(tokens), positions=jnp.asarray(positions), segment_ids=jnp.asarray(segment_ids),
                           rope_positions=jnp.asarray(rope), images=images))
 
@@ -112,22 +110,24 @@ def test_packed_batch_gives_the_logits_of_separate_samples(tok):
   model = models.load_pretrained(FIXTURE, dtype="float32")
   samples = _samples(tok, n=6)
   rows = pack_vl_samples(samples, 160, method="best_fit")
-  batch = stack_vl_rows(rows, num_rows=len(rows), seq_len=160, vision=VisionPackingConfig(min_patches=64),
-                        model_config=model.cfg)
+  batch = stack_vl_rows(rows, num_rows=len(rows), seq_len=160,
+                        vision=VisionPackingConfig(min_patches=64, per_row=True), model_config=model.cfg)
   a = batch.arrays
-  packed = _forward(model, a["tokens"], a["segment_ids"], a["positions"], a["rope_positions"], a["pixel_values"],
-                    a["grid_thw"], num_patches=len(a["pixel_values"]))  # [R, T, V]
+  images = models.VisionInputs.from_batch(a)  # the batch carries the per-row layout the model takes
+  assert images.pixel_values.shape[0] == images.layout.window_index.shape[0] == len(rows)
+  packed = _forward(model, a["tokens"], a["segment_ids"], a["positions"], a["rope_positions"], images)  # [R, T, V]
   checked = 0
   for row in range(len(rows)):
     for where in _segments(a, row):
       s = next(s for s in samples if np.array_equal(s["tokens"], a["tokens"][row, where]))
-      n, bucket = len(s["tokens"]), len(a["pixel_values"])
+      n, bucket = len(s["tokens"]), a["pixel_values"].shape[1]
       # alone: one row of the same shapes as the batch's (right padding, patches padded to the same bucket)
       tokens = np.pad(s["tokens"], (0, 160 - n))[None]
       seg = (np.arange(160) < n).astype(np.int32)[None]
       rope, _ = mrope_positions(tokens, seg, s["grid_thw"], model.cfg)
-      pixels = np.pad(s["pixel_values"], ((0, bucket - len(s["pixel_values"])), (0, 0)))
-      alone = _forward(model, tokens, seg, np.arange(160)[None] * seg, rope, pixels, s["grid_thw"], bucket)[0, :n]
+      pixels = np.pad(s["pixel_values"], ((0, bucket - len(s["pixel_values"])), (0, 0)))[None]
+      alone_images = models.batch_vision_inputs(pixels, s["grid_thw"], np.zeros(len(s["grid_thw"])), model.cfg.vision)
+      alone = _forward(model, tokens, seg, np.arange(160)[None] * seg, rope, alone_images)[0, :n]
       got = packed[row, where]
       assert np.abs(got - alone).max() <= 1e-4 * np.abs(alone).max()
       checked += 1
@@ -213,7 +213,7 @@ def test_bucket_rules():
     VisionPackingConfig(num_patches=102)
 
 
-def test_per_row_layout_holds_each_rows_own_patches(tok):
+def test_per_row_layout_holds_each_rows_own_patches(tok, model_config):
   samples = _samples(tok, n=12)
   rows = pack_vl_samples(samples, 160, method="best_fit")
   flat = stack_vl_rows(rows, num_rows=len(rows) + 1, seq_len=160, vision=VisionPackingConfig(min_patches=64))
@@ -233,6 +233,15 @@ def test_per_row_layout_holds_each_rows_own_patches(tok):
     assert not per.arrays["pixel_values"][r, row_patches[r]:].any()
   for k in ("tokens", "grid_thw", "image_rows"):
     np.testing.assert_array_equal(per.arrays[k], flat.arrays[k])
+  assert not set(models.VISION_LAYOUT_KEYS) & set(per.arrays)  # layouts need the model's tower config
+  laid = stack_vl_rows(rows, num_rows=len(rows) + 1, seq_len=160,
+                       vision=VisionPackingConfig(min_patches=8, per_row=True), model_config=model_config).arrays
+  for r in range(len(rows) + 1):  # each row's layout is vision_layout of that row's own images
+    want = models.vision_layout(flat.arrays["grid_thw"][flat.arrays["image_rows"] == r], model_config.vision,
+                                num_patches=bucket)
+    for k in models.VISION_LAYOUT_KEYS:
+      np.testing.assert_array_equal(laid[k][r], getattr(want, k), err_msg=f"{k} row {r}")
+  assert laid["image_segments"][-1].max() == 0 and laid["image_segments"][0].max() >= 1
   cap = 100  # a fixed per-row bucket caps every row
   cfg = PackingConfig(seq_len=256, global_rows=2, buffer_size=5)
   vision = VisionPackingConfig(num_patches=cap, per_row=True)

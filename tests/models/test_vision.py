@@ -16,7 +16,7 @@ from model_testlib import HF_FIXTURES
 from safetensors import safe_open
 
 from jaxrl import models
-from jaxrl.models import VisionConfig, VisionTower, vision_layout
+from jaxrl.models import VisionConfig, VisionTower, batch_vision_inputs, stack_layouts, vision_layout
 from jaxrl.sharding import make_mesh
 from jaxrl.models._vision import VISION_HF_LAYOUTS
 from jaxrl.models._vl_config import vision_flops_per_patch
@@ -65,9 +65,15 @@ def _split(ours, perm):
   return tuple(split)
 
 
+def one_row(pixels, layout):
+  """One row's patches ``[P, D]`` and layout as a batch of one row (device arrays)."""
+  return jnp.asarray(pixels)[None], jax.tree.map(jnp.asarray, stack_layouts([layout]))
+
+
 def run(tower, pixels, layout):
+  """The tower on one row's images: ``[U, D_out]``."""
   graphdef, state = nnx.split(tower)
-  return np.asarray(_run_static(graphdef)(state, jnp.asarray(pixels), jax.tree.map(jnp.asarray, layout)))
+  return np.asarray(_run_static(graphdef)(state, *one_row(pixels, layout)))[0]
 
 
 def _run_static(graphdef):
@@ -114,9 +120,37 @@ def test_bfloat16_compute_stays_close_to_transformers_float32(case):
   kind, tower, ref = case
   bf16 = VisionTower(tower.cfg, param_dtype=jnp.float32, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
   nnx.update(bf16, nnx.state(tower, nnx.Param))
-  out = bf16(jnp.asarray(ref["pixel_values"]), jax.tree.map(jnp.asarray, vision_layout(ref["grid_thw"], tower.cfg)))
+  out = bf16(*one_row(ref["pixel_values"], vision_layout(ref["grid_thw"], tower.cfg)))[0]
   assert out.dtype == jnp.bfloat16
   assert rel_err(np.asarray(out, np.float32), ref["tower_all"]) <= 2e-2  # measured 0.85% on both kinds
+
+
+def test_a_batch_of_rows_gives_each_rows_images_alone(case):
+  """Rows [image 0], [images 2, 1], [no image] in one call: each row's output equals transformers on its own
+  images, the image-less row is all zero (padding segments, no dummy image)."""
+  kind, tower, ref = case
+  offsets = np.concatenate([[0], np.cumsum(np.prod(ref["grid_thw"], axis=1))])
+  patches = [ref["pixel_values"][offsets[k]:offsets[k + 1]] for k in range(3)]
+  rows = [[0], [2, 1], []]
+  pixels = np.zeros((3, 80, ref["pixel_values"].shape[1]), np.float32)
+  for r, ks in enumerate(rows):
+    if ks:
+      row = np.concatenate([patches[k] for k in ks])
+      pixels[r, :len(row)] = row
+  order = [k for ks in rows for k in ks]
+  images = batch_vision_inputs(pixels, ref["grid_thw"][order], [0, 1, 1], tower.cfg)
+  assert images.layout.window_index.shape == (3, 20) and images.layout.rotary.shape == (3, 80, 2)
+  graphdef, state = nnx.split(tower)
+  out = np.asarray(_run_static(graphdef)(state, jnp.asarray(images.pixel_values),
+                                         jax.tree.map(jnp.asarray, images.layout)))  # [3, 20, 64]
+  assert rel_err(out[0, :15], ref["tower_0"]) <= 1e-4
+  want = np.concatenate([ref["tower_2"], ref["tower_1"]])
+  assert rel_err(out[1, :10], want) <= 1e-4, rel_err(out[1, :10], want)
+  np.testing.assert_array_equal(out[0, 15:], 0.0)
+  np.testing.assert_array_equal(out[1, 10:], 0.0)
+  np.testing.assert_array_equal(out[2], 0.0)
+  with pytest.raises(ValueError, match="image_rows"):
+    batch_vision_inputs(pixels, ref["grid_thw"][order], [1, 0, 1], tower.cfg)
 
 
 def test_padding_to_a_bigger_bucket_keeps_the_real_rows(case):
@@ -143,20 +177,19 @@ def test_load_pretrained_tower_on_a_mesh_equals_transformers(kind):
   mlp_in = model.visual.blocks.fc1 if kind == "qwen2_vl" else model.visual.blocks.gate  # [layers, E, F]
   assert tuple(mlp_in[...].sharding.spec) == (None, "fsdp", "tensor")
   ref = dict(np.load(HF_FIXTURES / kind / "vision.npz"))
-  layout = jax.tree.map(jnp.asarray, vision_layout(ref["grid_thw"], model.visual.cfg))
   graphdef, state = nnx.split(model.visual)
   out = jax.jit(lambda s, x, lay: nnx.merge(graphdef, s)(x, lay, placement=model.placement))(
-      state, jnp.asarray(ref["pixel_values"]), layout)
-  assert rel_err(np.asarray(out), ref["tower_all"]) <= 1e-4
+      state, *one_row(ref["pixel_values"], vision_layout(ref["grid_thw"], model.visual.cfg)))
+  assert rel_err(np.asarray(out)[0], ref["tower_all"]) <= 1e-4
 
 
 def test_pallas_attention_in_the_tower_equals_transformers():
   """Window and full-attention segments through the Pallas Triton kernel (interpret mode), padded bucket."""
   tower = load_tower("qwen2_5_vl")
   ref = dict(np.load(HF_FIXTURES / "qwen2_5_vl" / "vision.npz"))
-  layout = jax.tree.map(jnp.asarray, vision_layout(ref["grid_thw"], tower.cfg, num_patches=128))
-  pixels = jnp.asarray(np.pad(ref["pixel_values"], ((0, 28), (0, 0))))
-  out = np.asarray(tower(pixels, layout, attention_impl="pallas_triton", interpret=True))
+  pixels, layout = one_row(np.pad(ref["pixel_values"], ((0, 28), (0, 0))),
+                           vision_layout(ref["grid_thw"], tower.cfg, num_patches=128))
+  out = np.asarray(tower(pixels, layout, attention_impl="pallas_triton", interpret=True))[0]
   assert rel_err(out[:25], ref["tower_all"]) <= 1e-4
   np.testing.assert_array_equal(out[25:], 0.0)
 
@@ -164,10 +197,9 @@ def test_pallas_attention_in_the_tower_equals_transformers():
 def test_rematerialised_blocks_give_the_same_gradients():
   tower = load_tower("qwen2_5_vl")
   ref = dict(np.load(HF_FIXTURES / "qwen2_5_vl" / "vision.npz"))
-  layout = jax.tree.map(jnp.asarray, vision_layout(ref["grid_thw"], tower.cfg))
-  pixels, graphdef = jnp.asarray(ref["pixel_values"]), nnx.graphdef(tower)
-  params = nnx.state(tower, nnx.Param)
-  cotangent = jax.random.normal(jax.random.key(0), (25, 64))
+  pixels, layout = one_row(ref["pixel_values"], vision_layout(ref["grid_thw"], tower.cfg))
+  graphdef, params = nnx.graphdef(tower), nnx.state(tower, nnx.Param)
+  cotangent = jax.random.normal(jax.random.key(0), (1, 25, 64))
 
   def loss(params, policy):
     return jnp.sum(nnx.merge(graphdef, params)(pixels, layout, remat_policy=policy) * cotangent)
@@ -296,7 +328,7 @@ def test_flops_per_patch_equals_the_towers_matmuls(kind):
   graphdef, state = nnx.split(VisionTower(cfg, param_dtype=jnp.float32, dtype=jnp.float32, rngs=nnx.Rngs(0)))
   for side in (4, 8):
     layout, p = vision_layout([[1, side, side]], cfg), side * side
-    jaxpr = jax.make_jaxpr(lambda s, x, lay: nnx.merge(graphdef, s)(x, lay))(state, jnp.zeros((p, cfg.patch_dim)),
-                                                                           layout)
+    jaxpr = jax.make_jaxpr(lambda s, x, lay: nnx.merge(graphdef, s)(x, lay))(
+        state, *one_row(np.zeros((p, cfg.patch_dim), np.float32), layout))
     masked = 4 * 64 * (p - 16) if kind == "qwen2_5_vl" else 0  # one window block: 16 of p keys visible
     assert _dot_flops(jaxpr.jaxpr) / p == vision_flops_per_patch(cfg, p) + masked, (kind, side)

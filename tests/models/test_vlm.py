@@ -44,10 +44,36 @@ def _inputs(model, tokens, segment_ids, pixel_values, grid_thw):
   rope, deltas = models.mrope_positions(tokens, seg, grid_thw, model.cfg)
   images = None
   if len(grid_thw):
-    images = models.VisionInputs(jnp.asarray(pixel_values, jnp.float32),
-                                 models.vision_layout(np.asarray(grid_thw), model.cfg.vision))
+    images = jax.tree.map(jnp.asarray, per_row_images(model.cfg, tokens, pixel_values, grid_thw))
   return dict(positions=jnp.asarray(pos), segment_ids=jnp.asarray(seg), rope_positions=jnp.asarray(rope),
               images=images), deltas
+
+
+def per_row_images(cfg, tokens, pixel_values, grid_thw, num_patches=None):
+  """Per-row :class:`VisionInputs` (numpy) of images given in row-major token order: each image goes to the
+  row whose image tokens it fills (``t·h·w / m²`` of them), its patches to that row's patch sequence."""
+  grid = np.asarray(grid_thw).reshape(-1, 3)
+  m2 = cfg.vision.spatial_merge_size ** 2
+  counts = (np.asarray(tokens) == cfg.image_token_id).sum(axis=1)  # image tokens per row
+  rows, r = [], 0
+  for g in grid:
+    while counts[r] == 0:
+      r += 1
+    counts[r] -= int(np.prod(g)) // m2
+    assert counts[r] >= 0, "an image spans two rows"
+    rows.append(r)
+  sizes = np.prod(grid, axis=1)
+  starts = np.concatenate([[0], np.cumsum(sizes)])
+  per_row = [[k for k in range(len(grid)) if rows[k] == row] for row in range(len(counts))]
+  widest = max(int(sizes[ks].sum()) for ks in per_row)
+  num_patches = num_patches or -(-widest // m2) * m2
+  pixels = np.zeros((len(counts), num_patches, cfg.vision.patch_dim), np.float32)
+  for row, ks in enumerate(per_row):
+    row_pixels = [np.asarray(pixel_values)[starts[k]:starts[k + 1]] for k in ks]
+    if row_pixels:
+      joined = np.concatenate(row_pixels)
+      pixels[row, :len(joined)] = joined
+  return models.batch_vision_inputs(pixels, grid, rows, cfg.vision)
 
 
 def _logits(model, tokens, inputs, **override):
@@ -246,6 +272,31 @@ def test_sharded_load_reads_each_slice_and_keeps_the_logits(vlm, scan_layers):
   got = _logits(placed, ref["input_ids"], inputs)
   mask = ref["attention_mask"].astype(bool)
   assert _rel(got[mask], ref["logits"][mask]) <= 1e-4
+
+
+def test_rows_sharded_over_data_give_the_one_device_logits(vlm):
+  """Four rows (two images, a later-turn image, text only, two images again) with their per-row vision
+  inputs split over data=4 (x tensor 2): the tower and the language model per shard equal one device."""
+  kind, model, ref = vlm
+  rows = [0, 1, 2, 0]
+  tokens, seg = ref["input_ids"][rows], ref["attention_mask"][rows]
+  order = [0, 1, 2, 0, 1]  # the images in row-major token order (row 0 holds two, row 1 one)
+  offsets = np.concatenate([[0], np.cumsum(np.prod(ref["image_grid_thw"], axis=1))])
+  pixels = np.concatenate([ref["pixel_values"][offsets[k]:offsets[k + 1]] for k in order])
+  inputs, _ = _inputs(model, tokens, seg, pixels, ref["image_grid_thw"][order])
+  assert inputs["images"].pixel_values.shape[0] == 4
+  want = _logits(model, tokens, inputs)
+  mesh = sharding.make_mesh({"data": 4, "tensor": 2})
+  placed = models.load_pretrained(FIXTURES / kind, mesh=mesh, dtype="float32")
+  rowwise = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  sharded = jax.tree.map(lambda x: jax.device_put(x, rowwise), inputs)
+  assert len(sharded["images"].pixel_values.sharding.device_set) == 8
+  graphdef, state = nnx.split(placed)
+  got = jax.jit(lambda st, tok, kw: nnx.merge(graphdef, st)(tok, **kw))(
+      state, jax.device_put(jnp.asarray(tokens, jnp.int32), rowwise), sharded)
+  mask = seg.astype(bool)
+  assert _rel(np.asarray(got)[mask], want[mask]) <= 1e-5
+  assert _rel(want[mask], ref["logits"][rows][mask]) <= 1e-4
 
 
 def test_vl_config_reads_both_layouts_and_transformers_reads_ours():
