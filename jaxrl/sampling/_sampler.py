@@ -237,14 +237,12 @@ class Sampler:
                                              lambda x: x >= 0 and x == int(x)))
     latent = eot is not None
     ids = self._latent_prompts(ids, args.thoughts, eot)
-    has_images = any(x is not None for x in images)
-    if (self.paged and not latent and max_steps is None and not return_state and self.decode_impl == "kernel"
-        and not has_images):
+    if self.paged and not latent and max_steps is None and not return_state and self.decode_impl == "kernel":
       return self._generate_paged(ids, procs=procs, n=n, max_new_tokens=max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed,
                                   request_ids=args.request_ids, stop_token_ids=stop_token_ids,
                                   stop_strings=stop_strings, return_top_logprobs=return_top_logprobs,
-                                  return_entropy=return_entropy)
+                                  return_entropy=return_entropy, images=images)
     return self._generate_dense(ids, args, procs=procs, n=n, max_new_tokens=max_new_tokens, seed=seed, stops=stops,
                                 stop_strings=stop_strings, k_top=return_top_logprobs, want_entropy=return_entropy,
                                 max_steps=max_steps, return_state=return_state, latent=latent, images=images)
