@@ -87,7 +87,14 @@ from jaxrl.data._vl_packing import (
     vl_batches,
     vl_skip_report,
 )
-from jaxrl.data._tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tiny_tokenizer, tiny_tokenizer_dir, tokenizer_dir
+from jaxrl.data._tokenizer import (
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    build_tiny_tokenizer,
+    tiny_tokenizer_dir,
+    tiny_vl_tokenizer_dir,
+    tokenizer_dir,
+)
 
 __all__ = [
     "BuiltinImageTask",
@@ -165,6 +172,7 @@ __all__ = [
     "solve",
     "stack_rows",
     "tiny_tokenizer_dir",
+    "tiny_vl_tokenizer_dir",
     "tokenizer_dir",
     "write_arithmetic_splits",
     "write_jsonl",

@@ -84,8 +84,11 @@ class ValueModel(nnx.Module):
     self.value_head = nnx.Param(jnp.zeros((d,), jnp.float32), out_sharding=("embed",), eager_sharding=False)
     self.value_bias = nnx.Param(jnp.zeros((), jnp.float32))
 
-  def __call__(self, tokens: jax.Array, *, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:  # [B, T]
-    h = self.trunk(tokens, positions=positions, segment_ids=segment_ids, return_hidden=True)  # [B, T, D]
+  def __call__(self, tokens: jax.Array, *, positions: jax.Array, segment_ids: jax.Array,
+               rope_positions: jax.Array | None = None, images: models.VisionInputs | None = None) -> jax.Array:
+    """``V [B, T]`` float32; a VLM trunk takes ``rope_positions [B, T, 3]`` and per-row ``images``."""
+    h = self.trunk(tokens, positions=positions, segment_ids=segment_ids, rope_positions=rope_positions,
+                   images=images, return_hidden=True)  # [B, T, D]
     with jax.named_scope("value_head"):
       v = jnp.einsum("btd,d->bt", h, self.value_head[...].astype(h.dtype), preferred_element_type=jnp.float32)
     return v + self.value_bias[...]
@@ -103,7 +106,9 @@ def build_value_model(source: ModelSource, *, mesh=None, rules=None) -> ValueMod
 
 def critic_values(graphdef, params, mb) -> jax.Array:  # [B, T] float32
   """``V(s_t)`` of packed rows: position ``t`` is the state after ``tokens[: t + 1]``."""
-  return nnx.merge(graphdef, params)(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"])
+  return nnx.merge(graphdef, params)(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"],
+                                     rope_positions=mb.get("rope_positions"),
+                                     images=models.VisionInputs.from_batch(mb))
 
 
 # ----------------------------------------------------------------------------------------------------

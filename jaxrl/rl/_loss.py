@@ -20,9 +20,12 @@ MICRO_VECTOR_PREFIX = "mb/"
 
 
 def policy_logprobs(graphdef, params, mb, *, temperature: float, chunk_size: int, return_entropy: bool = False):
-  """``log π(targets)`` (and entropy) at ``temperature`` over packed rows, float32 ``[B, T]``."""
+  """``log π(targets)`` (and entropy) at ``temperature`` over packed rows, float32 ``[B, T]``; a VLM's
+  rows carry ``rope_positions`` and per-row images (:meth:`jaxrl.models.VisionInputs.from_batch`), which the
+  rollout must hand over exactly as it sampled them."""
   model = nnx.merge(graphdef, params)
   hidden = model(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"],
+                 rope_positions=mb.get("rope_positions"), images=models.VisionInputs.from_batch(mb),
                  return_hidden=True)  # [B, T, D]
   return losses.token_logprobs(hidden, model.unembed_matrix(), mb["targets"], chunk_size=chunk_size,
                                temperature=temperature, return_entropy=return_entropy)

@@ -177,7 +177,8 @@ class SFTTrainer:
       raise ValueError(f"packing.global_rows={cfg.packing.global_rows} must be a multiple of data-parallel "
                        f"devices ({dp}) × micro_batches ({cfg.micro_batches})")
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
-    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
+    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir,
+                                                                  vision=cfg.model.config().vision is not None))
     self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, self.model.cfg)
     self.vision = self.model.cfg.vision is not None
