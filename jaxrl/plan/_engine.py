@@ -154,20 +154,23 @@ def budgets(ctx: PlanContext) -> list[tuple[str, EngineBudget]]:
   return recipe_budgets(ctx.cfg, ctx.full_model_cfg or ctx.model_cfg, ctx.mesh, free_bytes=_free_bytes(ctx))
 
 
-def _embed_program(ctx: PlanContext, progs, params, co: dict, tag: str, rows: int) -> tuple[Program, Any]:
-  """The engine's vision-tower program (``rows`` prompts of the recipe's largest patch bucket) and the abstract
-  features ``[rows, M, D]`` it hands the prefill."""
+def _embed_program(ctx: PlanContext, progs, params, co: dict, tag: str, prefill_rows: int) -> tuple[Program, Any]:
+  """The engine's vision-tower program and the abstract features ``[prefill_rows, M, D]`` one prefill call takes.
+
+  The engine embeds, in one call per patch bucket, every prompt it admits in a schedule step that has images
+  and no features yet (a group's first sample; the others fork its blocks), rows rounded up to a power of two:
+  at most ``min(num_slots, prompts_per_step)`` prompts, the rows planned here, at the recipe's largest bucket."""
   mc, cfg = ctx.model_cfg, ctx.cfg
+  rows = 1 << (min(cfg.rollout.engine.num_slots, cfg.rollout.prompts_per_step) - 1).bit_length()
   bucket = _vision.engine_patch_bucket(cfg, mc)
   images = _vision.vision_inputs(mc, rows=rows, num_patches=bucket, sharding=NamedSharding(ctx.mesh, PartitionSpec()))
   feats = jax.eval_shape(progs.embed, params, images)
-  feats = jax.ShapeDtypeStruct(feats.shape, feats.dtype, sharding=NamedSharding(ctx.mesh, PartitionSpec()))
+  feats = jax.ShapeDtypeStruct((prefill_rows, *feats.shape[1:]), feats.dtype, sharding=NamedSharding(ctx.mesh, PartitionSpec()))
   per_image = _vision.patches_per_image(cfg)
   flops = _vision.tower_flops_per_patch(mc, per_image) * rows * cfg.data.images_per_prompt * per_image
   note = (f"vision tower over {rows} prompts x {bucket} patches ({cfg.data.images_per_prompt} x {per_image}-patch "
-          f"images at max_pixels={cfg.data.images.max_pixels}, the engine's power-of-two bucket), once per prompt; "
-          f"one call per prefill round (the engine embeds every admitted prompt of a bucket at once, rows rounded up "
-          f"to a power of two: more admitted prompts than {rows} make this program larger)")
+          f"images at max_pixels={cfg.data.images.max_pixels}, the engine's power-of-two bucket), once per prompt: "
+          f"every prompt admitted in one schedule step (at most min(num_slots, prompts_per_step)), in one call")
   return Program(name=f"engine_embed[{tag}]", fn=progs.embed, args=(params, images), kwargs={},
                  parts={**co, "batch": images}, flops=flops, note=note), feats
 

@@ -1,9 +1,9 @@
 """``jaxrl plan`` for vision-language recipes (Vision-R1, CapRL, RubiCap): the trainer's per-row image inputs
 equal what the data pipeline writes for the same settings, the patch bucket bounds what the image processor
 gives at ``max_pixels``, a program that does not run the tower is told apart from one that does, and the
-three real-size recipes fit v5p-8 and h100x8 with 10 % headroom: from shapes for every program, compiled at
-full depth on h100x8 for the engine's programs (tower included) and, marked slow like ``test_plan.py``'s
-recipe compiles, the train step; docs/scaling.md has every VLM row compiled on both targets.
+three real-size recipes fit v5p-8 and h100x8 with 10 % headroom: from shapes for every program (every run), and,
+marked slow like ``test_plan.py``'s recipe compiles, compiled at full depth on h100x8 (the engine's programs,
+tower included, and the train step); docs/scaling.md has the compiled rows of both targets.
 """
 
 from __future__ import annotations
@@ -162,12 +162,13 @@ def test_ptst_stages_plan_their_own_image_buckets():
   assert "5120 patches per row (1 x 5120" in notes["train_step[s1]"] and "5120 patches" in notes["train_step[s2]"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", VLM_RECIPES)
 def test_vlm_engine_programs_compile_and_fit_h100x8(recipe):
   """The rollout engine's programs of each VLM recipe's last stage, compiled at full depth for an 8-GPU H100
   host with the Triton attention kernels: the tower over the prefill's prompts (`engine_embed`), the prefill
   and recompute with M-RoPE positions and the tower's rows, and the decode with per-slot rope deltas, fit with
-  at least 10 % headroom (about 15 s each)."""
+  at least 10 % headroom. Slow: 1-3 minutes of CPU per recipe (the tower over 64-128 prompts compiles longest)."""
   _need("h100x8")
   cfg = _load(recipe, target="h100x8")
   last = len(cfg.rollout.context_schedule)
