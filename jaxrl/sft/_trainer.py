@@ -104,6 +104,9 @@ class SFTConfig:
   mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
   lora: models.LoraConfig | None = None
   "Train LoRA adapters only (base frozen, no optimizer state for it); lr = optim.lr × lora.lr_multiplier."
+  freeze_vision: bool = False
+  "Vision-language models: keep the vision tower (patch embedding, blocks, merger) fixed and train the language "
+  "model only (no gradient or optimizer state for the tower). Under LoRA the tower is frozen anyway."
   out_dir: str = "runs/sft"
   export_hf: bool = True
   "Write an HF directory (out_dir/hf) at the end."
@@ -194,6 +197,14 @@ class SFTTrainer:
       self.frozen = (base,)
       optim_cfg = dataclasses.replace(cfg.optim, lr=cfg.optim.lr * cfg.lora.lr_multiplier)
       lr_scale = models.lr_scale_tree(params, cfg.lora.b_lr_ratio)
+      loss_fn = models.lora_loss(sft_loss_fn(self.graphdef, cfg.loss))
+      eval_loss = models.lora_loss(sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size)))
+    elif cfg.freeze_vision:
+      if not self.vision:
+        raise ValueError("freeze_vision: the model has no vision tower")
+      # The tower is a frozen extra input, as the base is under LoRA (lora_loss merges it back in).
+      self.graphdef, tower, params = nnx.split(self.model, nnx.PathContains("visual"), ...)
+      self.frozen = (tower,)
       loss_fn = models.lora_loss(sft_loss_fn(self.graphdef, cfg.loss))
       eval_loss = models.lora_loss(sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size)))
     else:

@@ -118,12 +118,22 @@ def test_trainer_runs_a_vlm_on_the_image_task_and_exports_it(tmp_path):
                              np.asarray(trained(jnp.asarray(batch["tokens"]), **kw)), rtol=0, atol=1e-5)
 
 
-def test_zero_pixels_blanks_every_image_and_bad_settings_are_refused(tmp_path):
-  trainer = sft.SFTTrainer(_cfg(tmp_path, data={"image_task": {"n_train": 16, "n_heldout": 2, "image_size": 56},
-                                                "zero_pixels": True, "num_patches": 32}))
+def test_freeze_vision_and_zero_pixels_and_bad_settings_are_refused(tmp_path):
+  """freeze_vision: the tower is a frozen input (no gradient, no optimizer state) and stays bit-equal while the
+  language model trains; zero_pixels blanks every image but keeps its tokens and layout."""
+  trainer = sft.SFTTrainer(_cfg(tmp_path, steps=2, freeze_vision=True,
+                                data={"image_task": {"n_train": 32, "n_heldout": 2, "image_size": 56},
+                                      "zero_pixels": True, "num_patches": 32}))
   batch = next(trainer._batches(trainer.train_paths, epochs=1))
   assert len(batch.arrays["grid_thw"]) and not batch.arrays["pixel_values"].any()
   assert batch.arrays["image_segments"].any()  # the images are still laid out, only blank
+  assert "visual" not in trainer.state.params and "visual" in trainer.frozen[0]
+  tower = jax.tree.map(np.asarray, nnx.to_pure_dict(trainer.frozen[0]))
+  embed = np.asarray(nnx.to_pure_dict(trainer.state.params)["embed"])
+  trainer.run()
+  for a, b in zip(jax.tree.leaves(tower), jax.tree.leaves(nnx.to_pure_dict(nnx.state(trainer.current_model().visual, nnx.Param)))):
+    np.testing.assert_array_equal(a, np.asarray(b))
+  assert not np.array_equal(embed, np.asarray(nnx.to_pure_dict(trainer.state.params)["embed"]))
   with pytest.raises(ValueError, match="data.images.patch_size=16 differs from the model's vision tower"):
     sft.SFTTrainer(_cfg(tmp_path / "b", data={"images": {"patch_size": 16}}))
   with pytest.raises(ValueError, match="data.image_task: model 'tiny' has no vision tower"):
