@@ -3,6 +3,7 @@ trainer end to end (image task, held-out accuracy through the sampler, export, t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -138,3 +139,16 @@ def test_freeze_vision_and_zero_pixels_and_bad_settings_are_refused(tmp_path):
     sft.SFTTrainer(_cfg(tmp_path / "b", data={"images": {"patch_size": 16}}))
   with pytest.raises(ValueError, match="data.image_task: model 'tiny' has no vision tower"):
     sft.SFTTrainer(_cfg(tmp_path / "c", model={"preset": "tiny"}, tokenizer=None))
+
+
+def test_exported_sft_vlm_loads_in_transformers_with_the_same_logits():
+  """tests/fixtures/make_vl_sft_export.py: `jaxrl sft` on configs/sft_vl_tiny.yaml, its hf/ directory through
+  transformers' Qwen2_5_VLForConditionalGeneration against jaxrl on held-out image prompts."""
+  fixtures = Path(__file__).parents[1] / "fixtures"
+  meta = json.loads((fixtures / "hf" / "vl_sft_export.json").read_text())
+  spec = importlib.util.spec_from_file_location("fixture_digest", fixtures / "fixture_digest.py")
+  digest = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(digest)
+  assert meta["source_sha256"] == digest.source_digest(fixtures / "make_vl_sft_export.py"), "regenerate the JSON"
+  assert meta["prompts"] >= 4 and meta["max_abs_logit"] > 1.0
+  assert meta["max_abs_diff"] <= 1e-4 * meta["max_abs_logit"], meta
