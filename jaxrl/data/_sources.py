@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,8 @@ class JsonlSource:
   """Grain random-access source over the valid records of one or more JSONL files.
 
   ``source[i]`` is the record dict plus ``"_where"`` (``"file:line"``) and ``"_index"`` (``i``).
-  Blank lines are ignored. Attributes ``num_bad``, ``bad_records`` (``(file:line, message)`` pairs)
+  Blank lines are ignored; ``validate(record)`` (default :func:`record_messages`) raising :class:`DataError`
+  marks a bad record. Attributes ``num_bad``, ``bad_records`` (``(file:line, message)`` pairs)
   and ``bad_reasons`` (``(file:line, reason, message)``) report what was skipped.
 
   Each file's size, modification time and CRC-32 are recorded while it is indexed: a read after the
@@ -156,7 +157,8 @@ class JsonlSource:
   records), and :meth:`fingerprint` lets a resumed run check that it reads the same bytes.
   """
 
-  def __init__(self, paths: str | Path | Sequence[str | Path], *, max_bad_records: int = 0):
+  def __init__(self, paths: str | Path | Sequence[str | Path], *, max_bad_records: int = 0,
+               validate: Callable[[Any], Any] = record_messages):
     self.paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     if not self.paths:
       raise DataError("JsonlSource needs at least one file")
@@ -175,7 +177,7 @@ class JsonlSource:
           if not raw.strip():
             continue
           try:
-            record_messages(_parse_line(raw))
+            validate(_parse_line(raw))
           except DataError as e:
             bad.add(f"{path}:{lineno}", e)
             continue
@@ -243,7 +245,8 @@ class ParquetSource:
   Rows are records as in :class:`JsonlSource`; ``"_where"`` is ``"file:row N"`` (1-based).
   """
 
-  def __init__(self, paths: str | Path | Sequence[str | Path], *, max_bad_records: int = 0):
+  def __init__(self, paths: str | Path | Sequence[str | Path], *, max_bad_records: int = 0,
+               validate: Callable[[Any], Any] = record_messages):
     try:
       import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
     except ImportError as e:
@@ -262,7 +265,7 @@ class ParquetSource:
       for row, record in enumerate(pq.read_table(path).to_pylist(), start=1):
         where = f"{path}:row {row}"
         try:
-          record_messages(record)
+          validate(record)
         except DataError as e:
           bad.add(where, e)
           continue
@@ -310,8 +313,10 @@ def check_fingerprint(saved: dict[str, list[int]] | None, current: dict[str, lis
 
 
 def open_source(paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
-                max_bad_records: int = 0) -> JsonlSource | ParquetSource:
-  """A :class:`JsonlSource` or :class:`ParquetSource`; ``auto`` picks by file suffix."""
+                max_bad_records: int = 0, validate: Callable[[Any], Any] = record_messages) -> JsonlSource | ParquetSource:
+  """A :class:`JsonlSource` or :class:`ParquetSource`; ``auto`` picks by file suffix. ``validate(record)`` raises
+  :class:`DataError` for a record to skip (default :func:`record_messages`; records with images:
+  :func:`jaxrl.data.vl_record_messages`, which checks image parts without loading the images)."""
   paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
   if format == "auto":
     kinds = {"parquet" if p.suffix == ".parquet" else "jsonl" for p in paths}
@@ -319,7 +324,7 @@ def open_source(paths: str | Path | Sequence[str | Path], *, format: str = "auto
       raise DataError(f"cannot mix Parquet and JSONL files in one source: {[str(p) for p in paths]}")
     (format,) = kinds
   if format == "jsonl":
-    return JsonlSource(paths, max_bad_records=max_bad_records)
+    return JsonlSource(paths, max_bad_records=max_bad_records, validate=validate)
   if format == "parquet":
-    return ParquetSource(paths, max_bad_records=max_bad_records)
+    return ParquetSource(paths, max_bad_records=max_bad_records, validate=validate)
   raise DataError(f"format must be 'auto', 'jsonl' or 'parquet', got {format!r}")

@@ -74,10 +74,16 @@ def build_tiny_tokenizer(out_dir: str | Path, *, model_max_length: int = 4096):
   return tokenizer
 
 
-def tokenizer_dir(tokenizer: str | None, hf_dir: str | None) -> str:
+def tokenizer_dir(tokenizer: str | None, hf_dir: str | None, *, vision: bool = False) -> str:
   """The tokenizer directory a trainer's config names: its ``tokenizer``, else its model's ``hf_dir``, else
-  the built-in tiny tokenizer's (:func:`tiny_tokenizer_dir`)."""
-  return tokenizer or hf_dir or str(tiny_tokenizer_dir())
+  the built-in tiny tokenizer's (:func:`tiny_tokenizer_dir`; with ``vision``, :func:`tiny_vl_tokenizer_dir`)."""
+  return tokenizer or hf_dir or str(tiny_vl_tokenizer_dir() if vision else tiny_tokenizer_dir())
+
+
+def tiny_vl_tokenizer_dir() -> Path:
+  """Path of the committed tiny tokenizer with the Qwen2-VL vision tokens added: ``<|vision_start|>`` 103,
+  ``<|vision_end|>`` 104, ``<|image_pad|>`` 105, ``<|video_pad|>`` 106 (107 tokens; configs/sft_vl_tiny.yaml)."""
+  return Path(str(resources.files("jaxrl") / "assets" / "tiny_vl_tokenizer"))
 
 
 def tiny_tokenizer_dir() -> Path:

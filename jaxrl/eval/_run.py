@@ -104,7 +104,7 @@ def make_sampler(model, tokenizer, *, max_len: int, backend: str = "engine", num
 
 def load_problems(path: str | Path, tokenizer, *, max_prompt_tokens: int, prompt_field: str | None = None,
                   answer_field: str | None = None, template: str = "{prompt}",
-                  required: Sequence[str] = ()) -> EncodedPrompts:
+                  required: Sequence[str] = (), images: data_lib.ImageConfig | None = None) -> EncodedPrompts:
   """The problems of a JSONL file, read as the RL trainer reads prompts (:func:`jaxrl.rl.read_records`: a bad
   line is a one-line error naming ``file:line``), encoded with the tokenizer's chat template.
 
@@ -117,6 +117,8 @@ def load_problems(path: str | Path, tokenizer, *, max_prompt_tokens: int, prompt
     answer_field: a column holding the reference answer, copied to ``answer`` (e.g. ``Answer`` in AIME 2024).
     template: format of a text prompt, with ``{prompt}`` (e.g. DeepScaleR's instruction after it).
     required: reward columns each record must hold (``answer`` for math, ``tests`` for code).
+    images: a VLM's image processing for records with images (image parts, or an ``images`` list with
+      ``<image>`` markers; paths relative to the file; default :class:`jaxrl.data.ImageConfig` ()).
   """
   records = read_records([path], check_prompt=False)
   for rec in records:
@@ -139,7 +141,7 @@ def load_problems(path: str | Path, tokenizer, *, max_prompt_tokens: int, prompt
     for key in required:
       if key not in rec:
         raise data_lib.DataError(f"{where}: the task needs the field {key!r}; has keys {sorted(rec)}")
-  return EncodedPrompts(records, tokenizer, max_tokens=max_prompt_tokens)
+  return EncodedPrompts(records, tokenizer, max_tokens=max_prompt_tokens, images=images)
 
 
 def _line(rec: dict[str, Any]) -> int:
@@ -213,7 +215,8 @@ def _generate_and_score(sampler, scorer: rewards.RewardRunner, problems: Encoded
   out = sampler.generate([problems.ids[i].tolist() for i in todo], n=n, max_new_tokens=settings.max_new_tokens,
                          temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                          seed=settings.seed, request_ids=[_line(problems.records[i]) for i in todo],
-                         stop_strings=list(settings.stop_strings))
+                         stop_strings=list(settings.stop_strings),
+                         **({"images": [problems.images(i) for i in todo]} if problems.has_images else {}))
   index = [scorer.submit(problems.texts[i], out.texts[j * n + s], **reward_fields(problems.records[i]))
            for j, i in enumerate(todo) for s in range(n)]  # row j·n + s of the output
   batch = scorer.collect(index)  # in index order: row order

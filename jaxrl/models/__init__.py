@@ -1,4 +1,5 @@
-"""Flax NNX decoder for the Llama / Qwen2 / Qwen3 families and Hugging Face checkpoint interop.
+"""Flax NNX decoder for the Llama / Qwen2 / Qwen3 families and the Qwen2-VL / Qwen2.5-VL vision-language
+models, and Hugging Face checkpoint interop.
 
 Example::
 
@@ -22,7 +23,7 @@ from jaxrl.models._cache import (
     write_page_tokens,
     write_rows,
 )
-from jaxrl.models._config import PRESETS, ModelConfig, RopeScaling
+from jaxrl.models._config import PRESETS, VL_MODEL_TYPES, ModelConfig, RopeScaling
 from jaxrl.models._hf import check_tokenizer, config_from_dir, load_pretrained, load_tokenizer, save_pretrained
 from jaxrl.models._lora import (
     LORA_LR_MULTIPLIER,
@@ -50,12 +51,29 @@ from jaxrl.models._lora_budget import (
     lr_scale_tree,
     optimizer_state_bytes,
 )
+from jaxrl.models._mrope import (
+    apply_rope,
+    decode_rope_positions,
+    mrope_axes,
+    mrope_positions,
+    rope_frequencies,
+)
 from jaxrl.models._peft import load_peft, read_peft_config, save_peft
 from jaxrl.models._placement import abstract_model, cast_params, compute_view, init_model, shard_model, state_shardings
 from jaxrl.models._source import ModelSource, convert, describe_model_section
-from jaxrl.models._transformer import Placement, Transformer, apply_rope, rope_frequencies
+from jaxrl.models._transformer import Placement, Transformer
 from jaxrl.models._transformer import add_lora
 from jaxrl.models._value import ValueModel, build_value_model, place_value_model
+from jaxrl.models._vision import (
+    VISION_LAYOUT_KEYS,
+    VisionConfig,
+    VisionInputs,
+    VisionLayout,
+    VisionTower,
+    batch_vision_inputs,
+    stack_layouts,
+    vision_layout,
+)
 
 __all__ = [
     "LORA_LR_MULTIPLIER",
@@ -84,6 +102,18 @@ __all__ = [
     "save_peft",
     "split_lora",
     "unmerge_lora",
+    "VL_MODEL_TYPES",
+    "VisionConfig",
+    "VisionInputs",
+    "VisionLayout",
+    "VisionTower",
+    "VISION_LAYOUT_KEYS",
+    "batch_vision_inputs",
+    "stack_layouts",
+    "decode_rope_positions",
+    "mrope_axes",
+    "mrope_positions",
+    "vision_layout",
     "CacheAxes",
     "KVCache",
     "PAGE_AXES",

@@ -5,6 +5,10 @@ constructors give the published shapes of real checkpoints (``ModelConfig.qwen2p
 :meth:`ModelConfig.from_hf_config` / :meth:`ModelConfig.to_hf_config` translate to and from a
 Hugging Face ``config.json`` (both the transformers-4 ``rope_theta``/``rope_scaling`` layout and the
 transformers-5 ``rope_parameters`` layout).
+
+A vision-language model (Qwen2.5-VL, Qwen2-VL) is the same decoder (a Qwen2 language model) with a
+vision tower: ``model_type`` ``qwen2_5_vl``/``qwen2_vl``, ``vision`` (a :class:`VisionConfig`), the
+M-RoPE split ``mrope_section`` and the special token ids; see :mod:`jaxrl.models._vl_config`.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jaxrl import kernels
+from jaxrl.models import _vl_config
+from jaxrl.models._vision import VisionConfig
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3")
+VL_MODEL_TYPES = _vl_config.VL_MODEL_TYPES
+MODEL_TYPES = ("llama", "qwen2", "qwen3", *VL_MODEL_TYPES)
+QKV_BIAS_TYPES = ("qwen2", *VL_MODEL_TYPES)
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 **_vl_config.VL_ARCHITECTURES}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,7 +38,7 @@ class RopeScaling:
 
   Wavelengths ``λ = 2π / ω`` longer than ``L / low_freq_factor`` are divided by ``factor``, shorter
   than ``L / high_freq_factor`` kept, and interpolated in between (``L`` =
-  ``original_max_position_embeddings``); see :func:`jaxrl.models._transformer.rope_frequencies`.
+  ``original_max_position_embeddings``); see :func:`jaxrl.models._mrope.rope_frequencies`.
   """
 
   factor: float
@@ -63,7 +72,8 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-  """Shapes and numerics of a pre-norm decoder (Llama / Qwen2 / Qwen3 family).
+  """Shapes and numerics of a pre-norm decoder (Llama / Qwen2 / Qwen3 family, and the Qwen2-VL /
+  Qwen2.5-VL vision-language models: a Qwen2 decoder with ``vision`` set).
 
   Example::
 
@@ -72,7 +82,7 @@ class ModelConfig:
   """
 
   model_type: str = "llama"
-  "Architecture family: 'llama', 'qwen2' (q/k/v bias) or 'qwen3' (per-head q/k RMSNorm)."
+  "Architecture: 'llama', 'qwen2' (q/k/v bias), 'qwen3' (per-head q/k RMSNorm), 'qwen2_5_vl' or 'qwen2_vl' (VLMs)."
   vocab_size: int
   "Rows of the embedding matrix V."
   hidden_size: int
@@ -113,6 +123,18 @@ class ModelConfig:
   "Implementation name passed to jaxrl.kernels.attention."
   attention_interpret: bool = False
   "Run Pallas attention kernels in interpret mode (CPU tests and debugging; slow)."
+  mrope_section: tuple[int, int, int] | None = None
+  "VLMs: rotary frequencies per (temporal, height, width) axis, summing to head_dim // 2 (M-RoPE); else None."
+  vision: VisionConfig | None = None
+  "VLMs: the vision tower; None for a text model."
+  image_token_id: int | None = None
+  "VLMs: the image placeholder token (``<|image_pad|>``) that the tower's embeddings replace."
+  video_token_id: int | None = None
+  "VLMs: the video placeholder token (``<|video_pad|>``; videos are refused)."
+  vision_start_token_id: int | None = None
+  "VLMs: ``<|vision_start|>``."
+  vision_end_token_id: int | None = None
+  "VLMs: ``<|vision_end|>``."
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, Mapping):
@@ -140,10 +162,10 @@ class ModelConfig:
     for name in ("tie_word_embeddings", "attention_bias", "qk_norm", "scan_layers", "attention_interpret"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name}: must be a bool, got {getattr(self, name)!r}")
-    if self.attention_bias != (self.model_type == "qwen2"):
+    if self.attention_bias != (self.model_type in QKV_BIAS_TYPES):
       raise ValueError(
           f"attention_bias: {self.attention_bias!r} with model_type {self.model_type!r}; q/k/v bias is "
-          "always on for qwen2 and unsupported for llama/qwen3 (their HF bias also covers o_proj)")
+          "always on for qwen2 (and the VLMs) and unsupported for llama/qwen3 (their HF bias also covers o_proj)")
     if self.qk_norm != (self.model_type == "qwen3"):
       raise ValueError(
           f"qk_norm: {self.qk_norm!r} with model_type {self.model_type!r}; q/k norm is always on for "
@@ -155,6 +177,9 @@ class ModelConfig:
       raise ValueError(f"remat: {self.remat!r} is not one of {list(REMAT_POLICIES)}")
     if self.attention_impl not in kernels.IMPLS:
       raise ValueError(f"attention_impl: {self.attention_impl!r} is not one of {list(kernels.IMPLS)}")
+    if self.mrope_section is not None:
+      object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+    _vl_config.validate(self)
 
   # ----------------------------------------------------------------------------------------------
   # Derived values
@@ -183,7 +208,8 @@ class ModelConfig:
     """Number of parameters, counting a tied embedding once.
 
     ``V·D (+ V·D untied) + D + L·(D·N·H + 2·D·K·H + N·H·D + 3·D·F + 2·D + bias + qk_norm)`` with
-    ``bias = N·H + 2·K·H`` (qwen2) and ``qk_norm = 2·H`` (qwen3).
+    ``bias = N·H + 2·K·H`` (qwen2 and the VLMs) and ``qk_norm = 2·H`` (qwen3), plus the vision tower's
+    :attr:`VisionConfig.num_params` for a VLM.
     """
     d, h, n, k, f, v = (self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
                         self.intermediate_size, self.vocab_size)
@@ -193,20 +219,25 @@ class ModelConfig:
     if self.qk_norm:
       per_layer += 2 * h
     embed = v * d * (1 if self.tie_word_embeddings else 2)
-    return embed + d + self.num_layers * per_layer
+    tower = 0 if self.vision is None else self.vision.num_params
+    return embed + d + self.num_layers * per_layer + tower
 
-  def flops_per_token(self, seq_len: int, *, training: bool = True) -> float:
+  def flops_per_token(self, seq_len: int, *, training: bool = True, patches_per_token: float = 0.0,
+                      patches_per_image: int = 0) -> float:
     """Matmul FLOPs per token of a causal sequence of ``seq_len`` tokens.
 
     Forward: ``2·P + 2·L·N·H·seq_len`` where ``P`` counts the weights of every matmul (projections,
     MLP and the output head, not the embedding lookup) and the second term is ``q·kᵀ`` plus
     ``p·v`` (``2·N·H`` FLOPs each per visible key) over the ``seq_len / 2`` keys a causal query
     sees on average. Training (forward + backward) is three times the forward (Kaplan et al. 2020;
-    PaLM appendix B).
+    PaLM appendix B). A VLM adds ``patches_per_token`` times the tower's forward FLOPs per patch
+    (:func:`jaxrl.models._vl_config.vision_flops_per_patch`; each image token stands for ``m²`` patches).
 
     Args:
       seq_len: tokens per sequence.
       training: count the backward pass too.
+      patches_per_token: vision patches per language-model token (VLMs; e.g. ``m² · image tokens / tokens``).
+      patches_per_image: patches of one image (sets the tower's attention span).
 
     Returns:
       FLOPs per token as a float.
@@ -215,6 +246,13 @@ class ModelConfig:
                         self.intermediate_size, self.vocab_size)
     matmul_params = self.num_layers * (2 * d * n * h + 2 * d * k * h + 3 * d * f) + v * d
     forward = 2.0 * matmul_params + 2.0 * self.num_layers * n * h * seq_len
+    if patches_per_token:
+      if self.vision is None:
+        raise ValueError(f"patches_per_token: {patches_per_token!r} for model_type {self.model_type!r}, which has "
+                         "no vision tower")
+      if patches_per_image <= 0:
+        raise ValueError(f"patches_per_image: must be positive with patches_per_token, got {patches_per_image!r}")
+      forward += patches_per_token * _vl_config.vision_flops_per_patch(self.vision, patches_per_image)
     return 3.0 * forward if training else forward
 
   # ----------------------------------------------------------------------------------------------
@@ -225,7 +263,9 @@ class ModelConfig:
     """Builds a config from a Hugging Face ``config.json`` mapping.
 
     Reads both layouts: transformers 4 (``rope_theta`` plus ``rope_scaling`` with ``rope_type`` or
-    ``type``) and transformers 5 (``rope_parameters: {rope_type, rope_theta, factor, ...}``).
+    ``type``) and transformers 5 (``rope_parameters: {rope_type, rope_theta, factor, ...}``); for the
+    VLMs both the hub's flat layout and transformers 5's nested ``text_config``
+    (:func:`jaxrl.models._vl_config.from_hf`).
 
     Args:
       hf: the parsed ``config.json``.
@@ -238,6 +278,10 @@ class ModelConfig:
     model_type = hf.get("model_type")
     if model_type not in MODEL_TYPES:
       raise ValueError(f"{source}: model_type {model_type!r} is not supported; supported: {list(MODEL_TYPES)}")
+    vl = {}
+    if model_type in VL_MODEL_TYPES:
+      hf, vl = _vl_config.from_hf(hf, source=source)
+      model_type = hf["model_type"]
 
     def need(key):
       if key not in hf or hf[key] is None:
@@ -276,6 +320,7 @@ class ModelConfig:
         attention_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",
     )
+    kwargs.update(vl)
     unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
       raise ValueError(f"unknown ModelConfig fields in overrides: {sorted(unknown)}")
@@ -286,7 +331,8 @@ class ModelConfig:
     """A ``config.json`` mapping that ``transformers.AutoConfig`` loads to this architecture.
 
     RoPE is written in both layouts (``rope_theta``/``rope_scaling`` for transformers 4 and
-    ``rope_parameters`` for transformers 5) so either version reads it.
+    ``rope_parameters`` for transformers 5) so either version reads it. A VLM is written in the hub's
+    flat layout with ``vision_config`` (:func:`jaxrl.models._vl_config.to_hf`).
 
     Args:
       torch_dtype: dtype name stored as ``torch_dtype``/``dtype`` (default: ``param_dtype``).
@@ -323,6 +369,8 @@ class ModelConfig:
       hf.update(attention_bias=False, use_sliding_window=False)
     else:
       hf.update(use_sliding_window=False)
+    if self.vision is not None:
+      hf = _vl_config.to_hf(self, hf)
     hf.update(extra)
     return hf
 
@@ -422,6 +470,54 @@ class ModelConfig:
         max_position_embeddings=131072, tie_word_embeddings=False), **overrides})
 
   @classmethod
+  def tiny_vl(cls, kind: str = "qwen2_5_vl", **overrides) -> ModelConfig:
+    """A tiny VLM for tests (the HF fixtures' shapes): the :meth:`tiny` decoder as Qwen2 with M-RoPE
+    ``(2, 3, 3)`` over head_dim 16, and a 4-block tower (width 32, 2 heads; Qwen2.5-VL: windows of 2x2
+    merged units, full attention in blocks 1 and 3). Special tokens are the last four ids of the vocab."""
+    if kind not in VL_MODEL_TYPES:
+      raise ValueError(f"kind: {kind!r} is not one of {list(VL_MODEL_TYPES)}")
+    vision = VisionConfig(kind=kind, depth=4, hidden_size=32, num_heads=2, out_hidden_size=64,
+                          intermediate_size=64, window_size=56,
+                          fullatt_block_indexes=(1, 3) if kind == "qwen2_5_vl" else ())
+    base = dict(model_type=kind, vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=16, rope_theta=1000000.0, max_position_embeddings=2048, attention_bias=True,
+                mrope_section=(2, 3, 3), vision=vision, vision_start_token_id=508, vision_end_token_id=509,
+                image_token_id=510, video_token_id=511)
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def qwen2p5_vl_3b(cls, **overrides) -> ModelConfig:
+    """Qwen/Qwen2.5-VL-3B-Instruct (config.json: hidden 2048, intermediate 11008, 36 layers, 16/2 heads,
+    vocab 151936, tied, rope_theta 1e6, max_position_embeddings 128000, mrope_section [16, 24, 24]; tower
+    depth 32, hidden 1280, intermediate 3420, 16 heads, window 112, full attention in blocks 7/15/23/31)."""
+    return cls._qwen2_5_vl(dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
+                                num_heads=16, num_kv_heads=2, tie_word_embeddings=True), overrides)
+
+  @classmethod
+  def qwen2p5_vl_7b(cls, **overrides) -> ModelConfig:
+    """Qwen/Qwen2.5-VL-7B-Instruct (config.json: hidden 3584, intermediate 18944, 28 layers, 28/4 heads,
+    vocab 152064, untied, rope_theta 1e6, max_position_embeddings 128000, mrope_section [16, 24, 24]; the
+    3B's tower with out_hidden_size 3584)."""
+    return cls._qwen2_5_vl(dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                                num_heads=28, num_kv_heads=4, tie_word_embeddings=False), overrides)
+
+  @classmethod
+  def qwen2_vl_2b(cls, **overrides) -> ModelConfig:
+    """Qwen/Qwen2-VL-2B-Instruct (config.json: hidden 1536, intermediate 8960, 28 layers, 12/2 heads,
+    vocab 151936, tied, rope_theta 1e6, max_position_embeddings 32768, mrope_section [16, 24, 24]; tower
+    depth 32, embed_dim 1280, mlp_ratio 4, 16 heads, hidden_size (merger output) 1536, no windows)."""
+    return cls._qwen2(dict(model_type="qwen2_vl", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                           num_layers=28, num_heads=12, num_kv_heads=2, max_position_embeddings=32768,
+                           tie_word_embeddings=True, mrope_section=(16, 24, 24), vision=VisionConfig.qwen2_vl_2b(),
+                           **_vl_config.HF_TOKEN_DEFAULTS), overrides)
+
+  @classmethod
+  def _qwen2_5_vl(cls, shapes, overrides) -> ModelConfig:
+    vision = VisionConfig.qwen2p5_vl_3b(out_hidden_size=shapes["hidden_size"])
+    return cls._qwen2(dict(model_type="qwen2_5_vl", max_position_embeddings=128000, mrope_section=(16, 24, 24),
+                           vision=vision, **_vl_config.HF_TOKEN_DEFAULTS, **shapes), overrides)
+
+  @classmethod
   def _qwen2(cls, shapes, overrides) -> ModelConfig:
     base = dict(model_type="qwen2", head_dim=shapes["hidden_size"] // shapes["num_heads"], rms_norm_eps=1e-6,
                 rope_theta=1000000.0, attention_bias=True)
@@ -449,6 +545,10 @@ PRESETS: dict[str, Callable[..., ModelConfig]] = {
     "deepseek_r1_distill_qwen_1p5b": ModelConfig.deepseek_r1_distill_qwen_1p5b,
     "deepseek_r1_distill_qwen_7b": ModelConfig.deepseek_r1_distill_qwen_7b,
     "deepseek_r1_distill_qwen_14b": ModelConfig.deepseek_r1_distill_qwen_14b,
+    "tiny_vl": ModelConfig.tiny_vl,
+    "qwen2p5_vl_3b": ModelConfig.qwen2p5_vl_3b,
+    "qwen2p5_vl_7b": ModelConfig.qwen2p5_vl_7b,
+    "qwen2_vl_2b": ModelConfig.qwen2_vl_2b,
 }
 """Preset name -> named constructor (each accepts field overrides as keywords)."""
 

@@ -10,6 +10,10 @@ HF stores ``nn.Linear`` weights as ``[out, in]``; this model keeps ``[in, out]``
 out (``q_proj [D, N, H]``, ``o_proj [N, H, D]``), and stacks the blocks on a leading ``layers`` axis
 when ``scan_layers``. :data:`_LAYOUTS` records each parameter's HF name and the reshape/transpose
 between the two layouts.
+
+A vision-language model (Qwen2.5-VL, Qwen2-VL) is written in the hub's layout: the language model under
+``model.*`` / ``lm_head.weight`` as for Qwen2, the tower under ``visual.*`` (:data:`VISION_HF_LAYOUTS`).
+transformers 5 saves ``model.language_model.*`` / ``model.visual.*`` instead; loading reads both.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from safetensors.numpy import save_file
 from jaxrl.models._config import ModelConfig
 from jaxrl.models._placement import _set_placement, abstract_model, state_shardings
 from jaxrl.models._transformer import Transformer
+from jaxrl.models._vision import VISION_HF_LAYOUTS
 from jaxrl.sharding import LogicalRules
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -124,6 +129,14 @@ _TOP_LAYOUTS: dict[tuple[str, ...], _Layout] = {
 }
 
 
+VISUAL_PREFIX = "visual."
+"""Hub prefix of the vision tower's tensors (transformers 5 writes ``model.visual.``)."""
+_VISION_TOP = {path: _Layout(VISUAL_PREFIX + name, tuple(g), tuple(p))
+               for path, (name, g, p) in VISION_HF_LAYOUTS.items() if "{i}" not in name}
+_VISION_BLOCK = {path: _Layout(VISUAL_PREFIX + name, tuple(g), tuple(p))
+                 for path, (name, g, p) in VISION_HF_LAYOUTS.items() if "{i}" in name}
+
+
 @dataclasses.dataclass(frozen=True)
 class _Entry:
   """One model parameter: its state path, layout and which HF layer(s) it holds."""
@@ -132,26 +145,35 @@ class _Entry:
   layout: _Layout
   stacked: bool  # leading axis is `layers` (scan_layers)
   layer: int | None  # layer index for an unstacked block parameter
+  count: int = 0  # blocks on the stacked axis (language model or vision tower)
 
-  def hf_names(self, num_layers: int) -> list[str]:
+  def hf_names(self) -> list[str]:
     if self.stacked:
-      return [self.layout.hf_name.format(i=i) for i in range(num_layers)]
+      return [self.layout.hf_name.format(i=i) for i in range(self.count)]
     return [self.layout.hf_name.format(i=self.layer)]
 
 
 def _entry(path: tuple, cfg: ModelConfig) -> _Entry:
   parts = tuple(path)
-  if parts and parts[0] == "layers":
+  count, stacked, layer = cfg.num_layers, False, None
+  if parts and parts[0] == "visual" and cfg.vision is not None:
+    count = cfg.vision.depth
+    layout = _VISION_TOP.get(parts[1:])
+    if layout is None and len(parts) > 2:  # parts[1] holds the blocks
+      rel, stacked = (parts[2:], True) if cfg.scan_layers else (parts[3:], False)
+      layer = None if stacked else int(parts[2])
+      layout = _VISION_BLOCK.get(tuple(rel))
+  elif parts and parts[0] == "layers":
     if cfg.scan_layers:
-      rel, stacked, layer = parts[1:], True, None
+      rel, stacked = parts[1:], True
     else:
-      rel, stacked, layer = parts[2:], False, int(parts[1])
+      rel, layer = parts[2:], int(parts[1])
     layout = _BLOCK_LAYOUTS.get(tuple(rel))
   else:
-    layout, stacked, layer = _TOP_LAYOUTS.get(parts), False, None
+    layout = _TOP_LAYOUTS.get(parts)
   if layout is None:
     raise KeyError(f"parameter {'/'.join(map(str, parts))} has no Hugging Face name")
-  return _Entry(parts, layout, stacked, layer)
+  return _Entry(parts, layout, stacked, layer, count)
 
 
 def _entries(state: nnx.State, cfg: ModelConfig) -> list[tuple[_Entry, nnx.Variable]]:
@@ -163,9 +185,13 @@ def _entries(state: nnx.State, cfg: ModelConfig) -> list[tuple[_Entry, nnx.Varia
 
 
 class _Checkpoint:
-  """The tensors of a local HF directory (one ``model.safetensors`` or an indexed set of shards)."""
+  """The tensors of a local HF directory (one ``model.safetensors`` or an indexed set of shards).
 
-  def __init__(self, path: Path):
+  With ``vl``, transformers 5's VLM names (``model.language_model.*``, ``model.visual.*``) are read under
+  their hub names (``model.*``, ``visual.*``), so the rest of the loader sees one layout.
+  """
+
+  def __init__(self, path: Path, *, vl: bool = False):
     self.path = path
     index_file = path / SAFETENSORS_INDEX
     if index_file.exists():
@@ -194,6 +220,10 @@ class _Checkpoint:
         for key in (k for k, f in self.weight_map.items() if f == fname):
           if key not in present:
             raise KeyError(f"{index_file} maps tensor {key!r} to {fname!r}, but that shard does not contain it")
+    self.stored = {k: k for k in self.weight_map}  # hub name -> name in the files
+    if vl:
+      self.stored = _hub_names(self.weight_map, path)
+      self.weight_map = {hub: self.weight_map[k] for hub, k in self.stored.items()}
 
   def keys(self) -> set[str]:
     return set(self.weight_map)
@@ -204,13 +234,31 @@ class _Checkpoint:
   def _slice(self, key: str):
     if key not in self.weight_map:
       raise KeyError(f"{self.path}: checkpoint has no tensor {key!r}")
-    return self._handles[self.weight_map[key]].get_slice(key)
+    return self._handles[self.weight_map[key]].get_slice(self.stored[key])
 
   def shape(self, key: str) -> tuple[int, ...]:
     return tuple(self._slice(key).get_shape())
 
   def read(self, key: str, index: tuple[slice, ...]) -> np.ndarray:
     return np.asarray(self._slice(key)[index])
+
+
+_T5_PREFIXES = (("model.language_model.", "model."), ("model.visual.", VISUAL_PREFIX))
+
+
+def _hub_names(weight_map: Mapping[str, str], path: Path) -> dict[str, str]:
+  """Hub name -> stored name of a VLM checkpoint's tensors (either layout; a mix of both is refused)."""
+  out = {}
+  for key in weight_map:
+    hub = key
+    for t5, prefix in _T5_PREFIXES:
+      if key.startswith(t5):
+        hub = prefix + key[len(t5):]
+    if hub in out:
+      raise ValueError(f"{path}: tensors {out[hub]!r} and {key!r} are both {hub!r} (the hub and the transformers-5 "
+                       "layouts mixed)")
+    out[hub] = key
+  return out
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -276,14 +324,14 @@ def load_pretrained(
   cfg = config_from_dir(path, dtype=dtype, param_dtype=param_dtype, **config_overrides)
   if tokenizer is not None:
     check_tokenizer(tokenizer, cfg)
-  ckpt = _Checkpoint(path)
+  ckpt = _Checkpoint(path, vl=cfg.vision is not None)
   graphdef, abs_state = nnx.split(abstract_model(cfg))
   entries = _entries(abs_state, cfg)
 
   expected = {}
   for entry, var in entries:
     shape = var.shape[1:] if entry.stacked else var.shape
-    for name in entry.hf_names(cfg.num_layers):
+    for name in entry.hf_names():
       expected[name] = entry.layout.hf_shape(shape)
   for name, shape in sorted(expected.items(), key=lambda kv: _hf_order(kv[0])):
     if name not in ckpt.weight_map:
@@ -305,12 +353,12 @@ def load_pretrained(
   loaded = []
   for entry, var in entries:
     sharding = shardings[entry.path].get_value()
-    loaded.append((entry.path, var.replace(_load_array(ckpt, entry, var.shape, sharding, np_dtype, cfg.num_layers))))
+    loaded.append((entry.path, var.replace(_load_array(ckpt, entry, var.shape, sharding, np_dtype))))
   return _set_placement(nnx.merge(graphdef, nnx.from_flat_state(loaded)), mesh, rules)
 
 
-def _load_array(ckpt: _Checkpoint, entry: _Entry, shape, sharding, np_dtype, num_layers: int) -> jax.Array:
-  names = entry.hf_names(num_layers)
+def _load_array(ckpt: _Checkpoint, entry: _Entry, shape, sharding, np_dtype) -> jax.Array:
+  names = entry.hf_names()
   memo: dict[tuple, np.ndarray] = {}
 
   def callback(index):
@@ -357,7 +405,8 @@ def save_pretrained(
     dtype: str | None = None,
     generation_config: Mapping[str, Any] | None = None,
 ) -> None:
-  """Writes a directory that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+  """Writes a directory that ``transformers.AutoModelForCausalLM.from_pretrained`` loads (a VLM:
+  ``AutoModelForImageTextToText``, in the hub layout).
 
   Files: ``config.json``; ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards plus
   ``model.safetensors.index.json`` when the tensors exceed ``max_shard_bytes``; the tokenizer's files
@@ -418,7 +467,7 @@ def _shard_plan(state: nnx.State, cfg: ModelConfig, *, itemsize: int, max_shard_
   for entry, var in _entries(state, cfg):
     layer_shape = var.shape[1:] if entry.stacked else var.shape
     nbytes = math.prod(entry.layout.hf_shape(layer_shape)) * itemsize
-    for slot, name in enumerate(entry.hf_names(cfg.num_layers)):
+    for slot, name in enumerate(entry.hf_names()):
       plan.append(_Tensor(name, nbytes, entry, var, slot if entry.stacked else None))
   plan.sort(key=lambda t: _hf_order(t.name))
   shards: list[list[_Tensor]] = [[]]
@@ -480,6 +529,8 @@ def _hf_order(name: str):
     return (1, int(parts[2]), name)
   if parts[:2] == ["model", "norm"]:
     return (2, 0, name)
+  if parts[0] == "visual":
+    return (4, int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else -1, name)
   return (3, 0, name)
 
 

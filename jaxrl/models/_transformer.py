@@ -1,4 +1,4 @@
-"""The decoder: one Flax NNX module for the Llama, Qwen2 and Qwen3 families.
+"""The decoder: one Flax NNX module for the Llama, Qwen2 and Qwen3 families and the Qwen-VL models.
 
 Pre-norm blocks ``x += attn(rms(x)); x += mlp(rms(x))`` with grouped-query attention (through
 :func:`jaxrl.kernels.attention` only), RoPE (plain or Llama-3 scaled), optional q/k/v bias (Qwen2)
@@ -6,6 +6,12 @@ and per-head q/k RMSNorm (Qwen3), a SwiGLU MLP and a tied or separate output hea
 carries logical axis names in its ``out_sharding`` metadata (``embed``, ``vocab``, ``mlp``,
 ``heads``, ``kv_heads``, ``head_dim``, ``layers``, ``norm``); :mod:`jaxrl.sharding` maps them to mesh
 axes. Inputs are packed: ``tokens``, ``positions`` and ``segment_ids`` (0 = padding), each ``[B, T]``.
+
+A vision-language model (``cfg.vision``) is this same module with a vision tower attached as ``visual``:
+:meth:`Transformer.run` takes the batch's images per token row (:class:`VisionInputs`), runs the tower once and puts its
+merged embeddings at the image placeholder tokens; ``rope_positions [B, T, 3]`` (M-RoPE,
+:func:`jaxrl.models.mrope_positions`) feed the rotary embedding while the 1-D ``positions`` keep driving
+causality and the KV cache.
 
 A model placed on a mesh (:func:`jaxrl.models.shard_model`, or ``init_model`` / ``load_pretrained``
 with ``mesh=``) holds a :class:`Placement` (the mesh and the logical rules). Its forward pass then
@@ -22,17 +28,17 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxrl import kernels
 from jaxrl.models._cache import KVCache, mesh_axes, write_rows
 from jaxrl.models._config import ModelConfig
+from jaxrl.models._mrope import apply_rope, mrope_axes, rope_frequencies
+from jaxrl.models._vision import VisionInputs, VisionTower
 from jaxrl.sharding import LogicalRules
 
 INIT_STD = 0.02
@@ -136,53 +142,6 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rope_frequencies(cfg: ModelConfig) -> np.ndarray:  # [H / 2] float32
-  """RoPE inverse frequencies ``ω_i = θ^(-2i/H)``, with Llama-3 scaling when configured.
-
-  Llama-3 scaling (``L`` = original context, ``λ_i = 2π/ω_i``): ``ω_i / factor`` when
-  ``λ_i > L / low_freq_factor``; ``ω_i`` when ``λ_i < L / high_freq_factor``; in between
-  ``(1 - s)·ω_i/factor + s·ω_i`` with ``s = (L/λ_i - low_freq_factor) / (high_freq_factor -
-  low_freq_factor)`` (Meta's Llama 3.1 reference; HF ``_compute_llama3_parameters``).
-
-  Returns:
-    float32 numpy array of ``head_dim // 2`` frequencies (a compile-time constant).
-  """
-  h = cfg.head_dim
-  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, h, 2, dtype=np.float64) / h))
-  rs = cfg.rope_scaling
-  if rs is not None:
-    old_len = rs.original_max_position_embeddings
-    low_wavelen = old_len / rs.low_freq_factor
-    high_wavelen = old_len / rs.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = np.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
-    smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    inv_freq = np.where(medium, smoothed, scaled)
-  return inv_freq.astype(np.float32)
-
-
-def apply_rope(
-    x: jax.Array,  # [B, T, N, H]
-    positions: jax.Array,  # [B, T] int
-    inv_freq: np.ndarray,  # [H / 2]
-) -> jax.Array:  # [B, T, N, H]
-  """Rotary embedding in the rotate-half convention, computed in float32.
-
-  ``x' = x·cos(pω) + rotate_half(x)·sin(pω)`` with ``rotate_half([x1, x2]) = [-x2, x1]`` over the
-  two halves of the head dim and ``ω`` repeated for both halves (Su et al. 2021, RoFormer; HF
-  ``apply_rotary_pos_emb``).
-  """
-  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, H/2]
-  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
-  x32 = x.astype(jnp.float32)
-  x1, x2 = jnp.split(x32, 2, axis=-1)
-  rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x32 * cos + rotated * sin).astype(x.dtype)
-
-
 class Attention(nnx.Module):
   """Grouped-query self-attention over packed sequences; a KV cache plugs in its write and kernel (``attend``).
 
@@ -215,12 +174,14 @@ class Attention(nnx.Module):
       x: jax.Array,  # [B, T, D]
       positions: jax.Array,  # [B, T]
       *,
+      rope_positions: jax.Array | None = None,  # [B, T, 3]
       placement: Placement | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [B, T, N, H], k [B, T, K, H], v [B, T, K, H]
     """Queries, keys and values of ``x``: projections (with unmerged LoRA terms), bias, q/k norm, RoPE.
 
     Every path that runs this block (training forward, prefill, the sampler's and the engine's decode
-    steps) calls this method, so they cannot disagree about the block.
+    steps) calls this method, so they cannot disagree about the block. RoPE rotates by ``positions``, or
+    by ``rope_positions`` (M-RoPE, ``cfg.mrope_section``) when given.
     """
     cfg = self.cfg
     dt = cfg.jnp_dtype
@@ -234,9 +195,15 @@ class Attention(nnx.Module):
     if self.q_norm is not None:
       q = self.q_norm(q)
       k = self.k_norm(k)
-    inv_freq = rope_frequencies(cfg)
-    q = _constrain(placement, apply_rope(q, positions, inv_freq), ("batch", "seq", "act_heads", "head_dim"))
-    k = _constrain(placement, apply_rope(k, positions, inv_freq), ("batch", "seq", "act_kv_heads", "head_dim"))
+    inv_freq, axes = rope_frequencies(cfg), None
+    if rope_positions is not None:
+      if cfg.mrope_section is None:
+        raise ValueError(f"rope_positions: model_type {cfg.model_type!r} has no mrope_section (M-RoPE)")
+      if rope_positions.shape != (*positions.shape, 3):
+        raise ValueError(f"rope_positions must be [B, T, 3]={(*positions.shape, 3)}, got {rope_positions.shape}")
+      positions, axes = rope_positions, mrope_axes(cfg.mrope_section)
+    q = _constrain(placement, apply_rope(q, positions, inv_freq, axes), ("batch", "seq", "act_heads", "head_dim"))
+    k = _constrain(placement, apply_rope(k, positions, inv_freq, axes), ("batch", "seq", "act_kv_heads", "head_dim"))
     v = _constrain(placement, v, ("batch", "seq", "act_kv_heads", "head_dim"))
     return q, k, v
 
@@ -262,6 +229,7 @@ class Attention(nnx.Module):
       *,
       positions: jax.Array,  # [B, T]
       segment_ids: jax.Array | None = None,  # [B, T]
+      rope_positions: jax.Array | None = None,  # [B, T, 3]
       placement: Placement | None = None,
       attend=None,
   ) -> tuple[jax.Array, object]:  # [B, T, D], what ``attend`` returns beside the output (or None)
@@ -271,11 +239,12 @@ class Attention(nnx.Module):
       x: normed input ``[B, T, D]``.
       positions: ``[B, T]`` (RoPE and causality).
       segment_ids: ``[B, T]`` (packing; 0 = padding). Unused with ``attend``.
+      rope_positions: ``[B, T, 3]`` M-RoPE positions replacing ``positions`` in RoPE (not in masking).
       placement: the model's mesh (activation constraints, sharded kernels).
       attend: ``(q, k, v) -> (out [B, T, N, H], new_kv)`` replacing the attention step: the cache write
         and the kernel of a KV cache (:meth:`Transformer.run_layers` passes one per layer).
     """
-    q, k, v = self.project(x, positions, placement=placement)
+    q, k, v = self.project(x, positions, rope_positions=rope_positions, placement=placement)
     if attend is not None:
       out, new_kv = attend(q, k, v)
       return self.output(out, placement=placement), new_kv
@@ -318,11 +287,11 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=pd)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, *, positions, segment_ids=None, placement=None, attend=None):
-    """``[B, T, D] -> ([B, T, D], new kv)``; ``attend`` as in :meth:`Attention.__call__`."""
+  def __call__(self, x, *, positions, segment_ids=None, rope_positions=None, placement=None, attend=None):
+    """``[B, T, D] -> ([B, T, D], new kv)``; ``rope_positions`` and ``attend`` as in :meth:`Attention.__call__`."""
     with jax.named_scope("attention"):
       y, new_kv = self.attn(self.attn_norm(x), positions=positions, segment_ids=segment_ids,
-                            placement=placement, attend=attend)
+                            rope_positions=rope_positions, placement=placement, attend=attend)
       x = _constrain(placement, x + y, _RESIDUAL)
     with jax.named_scope("mlp"):
       x = _constrain(placement, x + self.mlp(self.mlp_norm(x), placement=placement), _RESIDUAL)
@@ -334,16 +303,20 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """Decoder-only language model (Llama / Qwen2 / Qwen3).
+  """Decoder-only language model (Llama / Qwen2 / Qwen3), with a vision tower for the Qwen-VL models.
 
   Example::
 
       model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
       logits = model(tokens, positions=positions, segment_ids=segment_ids)  # [B, T, V] float32
+      vlm = Transformer(ModelConfig.tiny_vl(), rngs=nnx.Rngs(0))
+      logits = vlm(tokens, positions=positions, segment_ids=segment_ids, rope_positions=rope, images=images)
   """
 
   placement: Placement | None = None
   """Mesh and rules the parameters were placed with (set by ``shard_model``/``init_model``/``load_pretrained``)."""
+  visual: VisionTower | None = None
+  """The vision tower of a VLM (``cfg.vision``); None for a text model."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -357,6 +330,9 @@ class Transformer(nnx.Module):
     else:
       self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=pd)
+    if cfg.vision is not None:
+      self.visual = VisionTower(cfg.vision, param_dtype=pd, dtype=cfg.jnp_dtype, scan_layers=cfg.scan_layers,
+                                rngs=rngs)
     if cfg.tie_word_embeddings:
       self.lm_head = None
     else:
@@ -394,6 +370,39 @@ class Transformer(nnx.Module):
         x = jnp.where(embeds_mask[..., None], embeds.astype(dt), x)
     return x
 
+  def embed_images(
+      self,
+      tokens: jax.Array,  # [B, T] int32
+      images: VisionInputs,
+      *,
+      annotate: bool = True,
+  ) -> tuple[jax.Array, jax.Array]:  # embeds [B, T, D], embeds_mask [B, T] bool
+    """The vision tower over each row's images, row ``r``'s merged rows placed at row ``r``'s image tokens.
+
+    ``images`` is per row (:class:`VisionInputs`, ``pixel_values [B, P, patch_dim]``): merged row ``k`` of
+    token row ``r`` (its images concatenated in token order) goes to the ``k``-th ``cfg.image_token_id``
+    token of that row (HF ``masked_scatter``, row by row); the result feeds :meth:`embed_tokens`'
+    ``embeds``/``embeds_mask``. The tower runs once per call as a batch of ``B`` patch sequences, with
+    ``cfg.remat_policy`` like the blocks: a caller that samples several continuations of one prompt runs
+    it once and reuses ``embeds``. The host keeps the image tokens and ``grid_thw`` consistent
+    (:func:`jaxrl.models.mrope_positions` checks them); tokens beyond a row's merged rows would repeat
+    its last one.
+    """
+    cfg = self.cfg
+    if self.visual is None:
+      raise ValueError(f"images: model_type {cfg.model_type!r} has no vision tower")
+    if images.pixel_values.shape[0] != tokens.shape[0]:
+      raise ValueError(f"images: pixel_values has {images.pixel_values.shape[0]} rows, tokens "
+                       f"{tokens.shape[0]} (vision inputs are per token row: [B, P, patch_dim])")
+    with jax.named_scope("visual"):
+      feats = self.visual(images.pixel_values, images.layout, placement=self.placement if annotate else None,
+                          attention_impl=cfg.attention_impl, interpret=cfg.attention_interpret,
+                          remat_policy=cfg.remat_policy if annotate else None)  # [B, U, D]
+    mask = tokens == cfg.image_token_id  # [B, T]
+    index = jnp.clip(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0, feats.shape[1] - 1)  # [B, T]
+    embeds = jnp.take_along_axis(feats, index[..., None], axis=1)  # [B, T, D]
+    return embeds, mask
+
   def unembed(self, h: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, V] float32
     """Logits ``h · W`` with ``W`` = :meth:`unembed_matrix`, accumulated in float32: the output projection
     of every path (forward, the samplers' and the engine's decode steps, latent decoding).
@@ -420,6 +429,8 @@ class Transformer(nnx.Module):
       return_hidden: bool = False,
       embeds: jax.Array | None = None,  # [B, T, D]
       embeds_mask: jax.Array | None = None,  # [B, T] bool
+      rope_positions: jax.Array | None = None,  # [B, T, 3] int32
+      images: VisionInputs | None = None,
   ):
     """Logits (or final normed hidden states) of packed token rows, optionally through a KV cache.
 
@@ -436,6 +447,10 @@ class Transformer(nnx.Module):
       embeds: input embeddings ``[B, T, D]`` that replace the token embedding where ``embeds_mask``
         is true (continuous thoughts, :mod:`jaxrl.latent`); cast to the compute dtype.
       embeds_mask: ``[B, T]`` bool, where ``embeds`` is used (required with ``embeds``).
+      rope_positions: ``[B, T, 3]`` M-RoPE positions of a VLM (:func:`jaxrl.models.mrope_positions`; in
+        decode ``position + rope delta`` on each axis); default ``positions`` on all three axes.
+      images: the batch's images (:class:`VisionInputs`), embedded at the image tokens
+        (:meth:`embed_images`).
 
     Returns:
       ``[B, T, V]`` float32 logits (or ``[B, T, D]`` hidden); with a cache, ``(out, new_cache)``.
@@ -448,7 +463,8 @@ class Transformer(nnx.Module):
           f"tokens, positions and segment_ids must all be [B, T]; got {tokens.shape}, {positions.shape}, "
           f"{segment_ids.shape}")
     run = functools.partial(self.run, tokens, positions=positions, segment_ids=segment_ids,
-                            return_hidden=return_hidden, embeds=embeds, embeds_mask=embeds_mask)
+                            return_hidden=return_hidden, embeds=embeds, embeds_mask=embeds_mask,
+                            rope_positions=rope_positions, images=images)
     if cache is None:
       return run()[0]
     b = tokens.shape[0]
@@ -486,17 +502,25 @@ class Transformer(nnx.Module):
       embeds: jax.Array | None = None,  # [B, T, D]
       embeds_mask: jax.Array | None = None,  # [B, T] bool
       annotate: bool = True,
+      rope_positions: jax.Array | None = None,  # [B, T, 3] int32
+      images: VisionInputs | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, V] float32 (or [B, T, D]), new kv
-    """The model path: :meth:`embed_tokens`, the blocks (:meth:`run_layers`, with the cache's ``attend``
-    step), the final norm and :meth:`unembed` (skipped with ``return_hidden``).
+    """The model path: :meth:`embed_tokens` (with :meth:`embed_images` when ``images``), the blocks
+    (:meth:`run_layers`, with the cache's ``attend`` step), the final norm and :meth:`unembed` (skipped
+    with ``return_hidden``).
 
     :meth:`__call__` runs it over a :class:`KVCache`; the sampler's decode kernel
     (:func:`jaxrl.sampling.decode_step`) and the engine's paged decode run it over their own caches
     (with ``annotate=False``, see :meth:`run_layers`).
     """
     placement = self.placement if annotate else None
+    if images is not None:
+      if embeds is not None:
+        raise ValueError("images and embeds cannot be given together (both replace token embeddings)")
+      embeds, embeds_mask = self.embed_images(tokens, images, annotate=annotate)
     x = _constrain(placement, self.embed_tokens(tokens, embeds=embeds, embeds_mask=embeds_mask), _RESIDUAL)
-    x, kv = self.run_layers(x, positions=positions, segment_ids=segment_ids, kv=kv, attend=attend, annotate=annotate)
+    x, kv = self.run_layers(x, positions=positions, segment_ids=segment_ids, kv=kv, attend=attend, annotate=annotate,
+                            rope_positions=rope_positions)
     with jax.named_scope("final_norm"):
       h = self.final_norm(x)
     if return_hidden:
@@ -512,9 +536,10 @@ class Transformer(nnx.Module):
       kv: tuple[jax.Array, jax.Array] | None = None,  # per-layer cache arrays on a leading [L] axis
       attend: Callable | None = None,
       annotate: bool = True,
+      rope_positions: jax.Array | None = None,  # [B, T, 3] int32 (M-RoPE)
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, D] last block's output (not normed), new kv
     """Every block over ``x``: the one layer loop (scanned when ``cfg.scan_layers``, rematerialised as
-    ``cfg.remat`` says).
+    ``cfg.remat`` says). ``rope_positions`` replace ``positions`` in RoPE only (:meth:`Attention.project`).
 
     With a cache, ``kv = (k, v)`` holds every layer's cache arrays (a :class:`KVCache`'s ``[L, B, S, K, H]``
     or the engine's paged pool ``[L, NB, bs, K, H]``) and ``attend(k_l, v_l)`` returns the
@@ -535,7 +560,8 @@ class Transformer(nnx.Module):
     def block_fn(block, x, kv_l):
       step = None if kv_l is None else attend(*kv_l)
       placement = self.placement if annotate else None
-      return block(x, positions=positions, segment_ids=segment_ids, placement=placement, attend=step)
+      return block(x, positions=positions, segment_ids=segment_ids, rope_positions=rope_positions,
+                   placement=placement, attend=step)
 
     if annotate and cfg.remat != "none":
       block_fn = nnx.remat(block_fn, policy=cfg.remat_policy, prevent_cse=not cfg.scan_layers)

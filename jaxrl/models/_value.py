@@ -10,6 +10,7 @@ from flax import nnx
 from jaxrl.models._placement import state_shardings
 from jaxrl.models._source import ModelSource
 from jaxrl.models._transformer import Transformer
+from jaxrl.models._vision import VisionInputs
 
 
 class ValueModel(nnx.Module):
@@ -25,8 +26,11 @@ class ValueModel(nnx.Module):
     self.value_head = nnx.Param(jnp.zeros((d,), jnp.float32), out_sharding=("embed",), eager_sharding=False)
     self.value_bias = nnx.Param(jnp.zeros((), jnp.float32))
 
-  def __call__(self, tokens: jax.Array, *, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:  # [B, T]
-    h = self.trunk(tokens, positions=positions, segment_ids=segment_ids, return_hidden=True)  # [B, T, D]
+  def __call__(self, tokens: jax.Array, *, positions: jax.Array, segment_ids: jax.Array,
+               rope_positions: jax.Array | None = None, images: VisionInputs | None = None) -> jax.Array:
+    """``V [B, T]`` float32; a VLM trunk takes ``rope_positions [B, T, 3]`` and per-row ``images``."""
+    h = self.trunk(tokens, positions=positions, segment_ids=segment_ids, rope_positions=rope_positions,
+                   images=images, return_hidden=True)  # [B, T, D]
     with jax.named_scope("value_head"):
       v = jnp.einsum("btd,d->bt", h, self.value_head[...].astype(h.dtype), preferred_element_type=jnp.float32)
     return v + self.value_bias[...]

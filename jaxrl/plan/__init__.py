@@ -10,7 +10,9 @@ not ``cli``.
 from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs, recipe_budgets
 from jaxrl.plan._measure import Plan, Row, collective_bytes, measure_programs
 from jaxrl.plan._plan import advice, format_plan, load_recipe, main, plan_recipe
-from jaxrl.plan._programs import PROGRAMS, PlanContext, Program, build_context, device_bytes, register_programs
+from jaxrl.plan._programs import (PROGRAMS, PlanContext, Program, build_context, device_bytes, image_bucket, micro_batches,
+                                  register_programs, train_batch)
+from jaxrl.plan._vision import patches_per_image, runs_tower, vision_batch, vision_bucket
 from jaxrl.targets import TARGETS, Target, TargetUnavailable, get_target
 
 __all__ = [
@@ -31,10 +33,17 @@ __all__ = [
     "engine_programs",
     "format_plan",
     "get_target",
+    "image_bucket",
     "load_recipe",
     "main",
+    "micro_batches",
+    "patches_per_image",
     "plan_recipe",
     "register_programs",
+    "runs_tower",
+    "train_batch",
+    "vision_batch",
+    "vision_bucket",
     "measure_programs",
     "recipe_budgets",
 ]

@@ -10,12 +10,14 @@ lowered on abstract inputs at the recipe's ``rollout.engine`` settings.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import models, sampling, sharding
+from jaxrl.plan import _vision
 from jaxrl.plan._programs import (PlanContext, Program, _distinct, abstract, device_bytes, recipe_stages, reference_params,
                                   register_programs, rollout_params)
 from jaxrl.rl import rollout_max_len
@@ -152,6 +154,27 @@ def budgets(ctx: PlanContext) -> list[tuple[str, EngineBudget]]:
   return recipe_budgets(ctx.cfg, ctx.full_model_cfg or ctx.model_cfg, ctx.mesh, free_bytes=_free_bytes(ctx))
 
 
+def _embed_program(ctx: PlanContext, progs, params, co: dict, tag: str, prefill_rows: int) -> tuple[Program, Any]:
+  """The engine's vision-tower program and the abstract features ``[prefill_rows, M, D]`` one prefill call takes.
+
+  The engine embeds, in one call per patch bucket, every prompt it admits in a schedule step that has images
+  and no features yet (a group's first sample; the others fork its blocks), rows rounded up to a power of two:
+  at most ``min(num_slots, prompts_per_step)`` prompts, the rows planned here, at the recipe's largest bucket."""
+  mc, cfg = ctx.model_cfg, ctx.cfg
+  rows = 1 << (min(cfg.rollout.engine.num_slots, cfg.rollout.prompts_per_step) - 1).bit_length()
+  bucket = _vision.engine_patch_bucket(cfg, mc)
+  images = _vision.vision_inputs(mc, rows=rows, num_patches=bucket, sharding=NamedSharding(ctx.mesh, PartitionSpec()))
+  feats = jax.eval_shape(progs.embed, params, images)
+  feats = jax.ShapeDtypeStruct((prefill_rows, *feats.shape[1:]), feats.dtype, sharding=NamedSharding(ctx.mesh, PartitionSpec()))
+  per_image = _vision.patches_per_image(cfg)
+  flops = _vision.tower_flops_per_patch(mc, per_image) * rows * cfg.data.images_per_prompt * per_image
+  note = (f"vision tower over {rows} prompts x {bucket} patches ({cfg.data.images_per_prompt} x {per_image}-patch "
+          f"images at max_pixels={cfg.data.images.max_pixels}, the engine's power-of-two bucket), once per prompt: "
+          f"every prompt admitted in one schedule step (at most min(num_slots, prompts_per_step)), in one call")
+  return Program(name=f"engine_embed[{tag}]", fn=progs.embed, args=(params, images), kwargs={},
+                 parts={**co, "batch": images}, flops=flops, note=note), feats
+
+
 @register_programs("engine")
 def engine_programs(ctx: PlanContext) -> list[Program]:
   """The rollout engine's prefill (the longest prompt, ``prefill_rows`` prompts), recompute (a prefill of
@@ -183,6 +206,10 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
                    f"({b.bytes_per_device / 2**30:.2f} GiB per device); "
                    + (f"{mc.dtype} weights read, float32 master weights, " if master else "")
                    + "optimizer state" + (" and KL reference" if cfg.algorithm.kl_coef > 0 else "") + " co-resident")
+    vl, feats = {}, None
+    if mc.vision is not None:  # the tower once per prompt, its rows sliced into the prefill chunks
+      embed, feats = _embed_program(ctx, progs, params, co, tag, sampling.prefill_batch_rows(eng.prefill_rows, b.shards))
+      out.append(embed)
     prompt_bucket = sampling.context_bucket(cfg.data.max_prompt_tokens - 1, 8, b.block_size, max_blocks)
     longest = sampling.context_bucket(b.max_len - 2, 8, b.block_size, max_blocks)
     for name, p in (("engine_prefill", prompt_bucket), ("engine_recompute", longest)):
@@ -195,8 +222,12 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
               jax.ShapeDtypeStruct((u, p // b.block_size), jnp.int32, sharding=repl))
       if t < p:
         args += (jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),)  # start: the chunk's first position
+      if feats is not None:  # a chunk with image tokens: M-RoPE positions and the tower's rows
+        vl = dict(rope=jax.ShapeDtypeStruct((u, t, 3), jnp.int32, sharding=repl), feats=feats,
+                  feat_idx=jax.ShapeDtypeStruct((u, t), jnp.int32, sharding=repl),
+                  feat_mask=jax.ShapeDtypeStruct((u, t), jnp.bool_, sharding=repl))
       out.append(Program(
-          name=f"{name}[{tag}]", fn=progs.prefill, args=args, kwargs={}, parts={**co, "batch": args[2:]},
+          name=f"{name}[{tag}]", fn=progs.prefill, args=args, kwargs=vl, parts={**co, "batch": (args[2:], vl)},
           flops=mc.flops_per_token(p, training=False) * u * t,
           note=(f"{u} rows x {p} tokens" if t == p else f"{u} rows x one {t}-token chunk of {p}")
                + " into the paged pool; " + budget_note))

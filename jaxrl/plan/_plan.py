@@ -71,6 +71,9 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
 
   full_programs = programs_at(None)
   engine = [line for tag, b in budgets(contexts[None]) for line in b.lines(f"stages {tag}")]
+  if full.vision is not None and "sampler" in names and cfg.rollout.engine is None:
+    engine.append("VLM: the sampler rows are planned on the TEXT path (prompts of image-token placeholders, no vision "
+                  "tower, 1-D rotary positions); the rollout engine's rows carry the images")
   rows, compiled = measure_programs(full_programs, programs_at, full.num_layers, layers, target,
                                     devices=len(devices), progress=progress, compile=compile)
   mesh = dict(build_mesh_shape(cfg, devices))

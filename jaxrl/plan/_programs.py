@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl import models, sampling, sharding, train
 from jaxrl.models import state_shardings
+from jaxrl.plan import _vision
 from jaxrl.rl import RLConfig, make_learner_step, make_logprob_fn, make_logprob_program, pack_sequences, packed_layout
 
 
@@ -119,6 +120,8 @@ def build_context(cfg: RLConfig, devices, model_cfg: models.ModelConfig, *,
   rules = cfg.mesh.logical_rules()
   if cfg.lora is not None:
     raise ValueError("plan: LoRA recipes are not planned yet (the adapters' programs differ); remove `lora:`")
+  if model_cfg.vision is not None:
+    _vision.check_images(cfg, model_cfg)
   model = models.abstract_model(model_cfg, mesh=mesh, rules=rules)
   graphdef, state = nnx.split(model)
   params = abstract(state, state_shardings(state, mesh, rules))
@@ -170,7 +173,31 @@ def train_batch(ctx: PlanContext, stage: Stage) -> dict[str, jax.ShapeDtypeStruc
   out["old_logprobs"] = f32
   if ctx.cfg.algorithm.kl_coef > 0:
     out["ref_logprobs"] = f32
+  if ctx.model_cfg.vision is not None:  # per-row images and M-RoPE positions (jaxrl/plan/_vision.py)
+    out.update(_vision.vision_batch(ctx.model_cfg, rows=rows * m, row_len=row_len, num_patches=image_bucket(ctx, stage),
+                                    mesh=ctx.mesh, rules=ctx.rules))
   return out
+
+
+def image_bucket(ctx: PlanContext, stage: Stage) -> int:
+  """Per-row patch bucket of ``stage``'s packed rows (``data.num_patches``, else the worst case)."""
+  row_len, _, _ = micro_batches(ctx, stage)
+  seq = ctx.cfg.data.max_prompt_tokens + stage.max_new - 1
+  return _vision.vision_bucket(ctx.cfg, row_len=row_len, seq_len=seq)
+
+
+def _images(ctx: PlanContext, stage: Stage, fn, args: tuple, flops: float, *, training: bool) -> tuple[float, str]:
+  """``(flops, note suffix)`` of a trainer program: for a VLM, the tower's FLOPs when ``fn`` reads the images
+  and a note saying which."""
+  if ctx.model_cfg.vision is None:
+    return flops, ""
+  row_len, rows, m = micro_batches(ctx, stage)
+  bucket = image_bucket(ctx, stage)
+  read = _vision.runs_tower(fn, args, ctx.model_cfg.vision)
+  if read:
+    flops = _vision.tower_flops(ctx.model_cfg, ctx.cfg, row_len=row_len, num_patches=bucket,
+                                training=training) * rows * m * row_len
+  return flops, "; " + _vision.vision_note(ctx.model_cfg, ctx.cfg, num_patches=bucket, read=read)
 
 
 ProgramBuilder = Callable[[PlanContext], list[Program]]
@@ -208,11 +235,12 @@ def train_programs(ctx: PlanContext) -> list[Program]:
     batch = train_batch(ctx, st)
     flag = jax.ShapeDtypeStruct((), jnp.bool_, sharding=NamedSharding(ctx.mesh, PartitionSpec()))
     state = ctx.state
+    flops, images = _images(ctx, st, step, (state, batch, flag),
+                            ctx.model_cfg.flops_per_token(row_len, training=True) * rows * m * row_len, training=True)
     out.append(Program(
         name=f"train_step[{tag}]", fn=step, args=(state, batch, flag), kwargs={},
         parts={"params": state.params, "opt_state": state.opt_state, "batch": (batch, flag, state.step, state.skipped)},
-        flops=ctx.model_cfg.flops_per_token(row_len, training=True) * rows * m * row_len,
-        note=f"{m} micro-batches x {rows} rows x {row_len} tokens"))
+        flops=flops, note=f"{m} micro-batches x {rows} rows x {row_len} tokens" + images))
   return out
 
 
@@ -226,8 +254,9 @@ def logprob_programs(ctx: PlanContext) -> list[Program]:
     row_len, rows, m = micro_batches(ctx, st)
     fn = make_logprob_program(ctx.logprob_fn, m, mesh=ctx.mesh, batch_sharding=ctx.batch_sharding)
     batch = train_batch(ctx, st)
-    fwd = ctx.model_cfg.flops_per_token(row_len, training=False) * rows * m * row_len
-    note = f"{m} micro-batches x {rows} rows x {row_len} tokens"
+    fwd, images = _images(ctx, st, fn, (ctx.params, batch),
+                          ctx.model_cfg.flops_per_token(row_len, training=False) * rows * m * row_len, training=False)
+    note = f"{m} micro-batches x {rows} rows x {row_len} tokens" + images
     if recompute:
       out.append(Program(name=f"logprobs_old[{tag}]", fn=fn, args=(ctx.params, batch), kwargs={},
                          parts={"params": ctx.params, "batch": batch}, flops=fwd, note=note))

@@ -144,6 +144,7 @@ def pair_logps(model, batch: dict[str, jax.Array], chunk_size: int) -> tuple[jax
   """Summed log-probs of each pair's chosen and rejected completion, ``[P]`` each (module docstring of
   :mod:`jaxrl.pref._data` for the layout)."""
   hidden = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
+                 rope_positions=batch.get("rope_positions"), images=models.VisionInputs.from_batch(batch),
                  return_hidden=True)  # [R, T, D]
   token_lp = losses.token_logprobs(hidden, model.unembed_matrix(), batch["targets"], chunk_size=chunk_size)  # [R, T]
   num_pairs = batch["pair_valid"].shape[0]

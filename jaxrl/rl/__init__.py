@@ -40,6 +40,7 @@ from jaxrl.rl._rollout import (
     loss_mask,
     sequence_fields,
     total_rewards,
+    vision_fields,
 )
 from jaxrl.rl._source import EngineRollout, RolloutBatch, RolloutSource, draw_rounds
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout
@@ -100,6 +101,7 @@ __all__ = [
     "reward_fields",
     "rollout_max_len",
     "sequence_fields",
+    "vision_fields",
     "split_devices",
     "total_rewards",
     "weighted_reward",

@@ -46,12 +46,24 @@ class PromptData(data_lib.TaskData):
   "Seed of the per-epoch prompt shuffle."
   max_prompt_tokens: int = 1024
   "Prompts longer than this many tokens are skipped (counted in the end-of-run skip report and results.json)."
+  images: data_lib.ImageConfig = dataclasses.field(default_factory=data_lib.ImageConfig)
+  "Vision-language models: how prompt images become patches (min/max pixels; geometry must match the tower)."
+  images_per_prompt: int = 1
+  "Vision-language models: most images one prompt holds (sizes the per-row patch bucket)."
+  num_patches: int | None = None
+  ("Vision-language models: patches per packed row (a fixed bucket, a multiple of merge_size**2); None: the worst "
+   "case, sequences per row x images_per_prompt x max_pixels // patch_size**2 (`jaxrl.plan.vision_bucket`).")
 
   def __post_init__(self):
     if not self.train and self.builtin is None:
       raise ValueError("data: give data.train files or data.builtin")
     if self.max_prompt_tokens < 1:
       raise ValueError(f"data.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens!r}")
+    if self.images_per_prompt < 1:
+      raise ValueError(f"data.images_per_prompt must be >= 1, got {self.images_per_prompt!r}")
+    unit = self.images.merge_size ** 2
+    if self.num_patches is not None and (self.num_patches < unit or self.num_patches % unit):
+      raise ValueError(f"data.num_patches must be a positive multiple of merge_size**2={unit}, got {self.num_patches!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

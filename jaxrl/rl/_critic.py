@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl import losses, sharding, train
-from jaxrl.models import ModelSource, build_value_model
+from jaxrl.models import ModelSource, VisionInputs, build_value_model
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CriticConfig:
@@ -74,7 +74,9 @@ class CriticConfig:
 
 def critic_values(graphdef, params, mb) -> jax.Array:  # [B, T] float32
   """``V(s_t)`` of packed rows: position ``t`` is the state after ``tokens[: t + 1]``."""
-  return nnx.merge(graphdef, params)(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"])
+  return nnx.merge(graphdef, params)(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"],
+                                     rope_positions=mb.get("rope_positions"),
+                                     images=VisionInputs.from_batch(mb))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -22,11 +22,15 @@ MICRO_VECTOR_PREFIX = "mb/"
 def policy_hidden(graphdef, params, mb):
   """``(model, hidden [B, T, D])``: the policy and its final hidden states over packed rows."""
   model = nnx.merge(graphdef, params)
-  return model, model(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"], return_hidden=True)
+  return model, model(mb["tokens"], positions=mb["positions"], segment_ids=mb["segment_ids"],
+                      rope_positions=mb.get("rope_positions"), images=models.VisionInputs.from_batch(mb),
+                      return_hidden=True)
 
 
 def policy_logprobs(graphdef, params, mb, *, temperature: float, chunk_size: int, return_entropy: bool = False):
-  """``log π(targets)`` (and entropy) at ``temperature`` over packed rows, float32 ``[B, T]``."""
+  """``log π(targets)`` (and entropy) at ``temperature`` over packed rows, float32 ``[B, T]``; a VLM's
+  rows carry ``rope_positions`` and per-row images (:meth:`jaxrl.models.VisionInputs.from_batch`), which the
+  rollout must hand over exactly as it sampled them."""
   model, hidden = policy_hidden(graphdef, params, mb)  # [B, T, D]
   return losses.token_logprobs(hidden, model.unembed_matrix(), mb["targets"], chunk_size=chunk_size,
                                temperature=temperature, return_entropy=return_entropy)

@@ -1,4 +1,10 @@
-"""Prompt records for RL: JSONL files or the built-in arithmetic task, and a resumable shuffled stream."""
+"""Prompt records for RL: JSONL files or the built-in arithmetic task, and a resumable shuffled stream.
+
+Records may hold images (a vision-language model): image parts in the messages or a top-level ``images``
+list, as :func:`jaxrl.data.encode_vl_prompt` reads them (paths relative to the record's file). Their prompt
+tokens count the image placeholders; the pixels are loaded again when a prompt is drawn
+(:meth:`EncodedPrompts.images`), so a large image set is never held in memory.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import numpy as np
 from jaxrl import data as data_lib
 from jaxrl.rl._config import BuiltinPrompts, PromptData
 
-PROMPT_KEYS = ("messages", "prompt", "completion")
+PROMPT_KEYS = ("messages", "prompt", "completion", "images")
 """Record keys that make the prompt; every other key (not starting with ``_``) goes to the reward."""
 
 
@@ -49,8 +55,24 @@ def read_records(paths: Sequence[str | Path], *, check_prompt: bool = True) -> l
   return records
 
 
+def _has_images(rec: dict[str, Any]) -> bool:
+  """The record lists images or has list (multimodal) message content."""
+  messages = rec.get("messages", rec.get("prompt"))
+  parts = isinstance(messages, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list)
+                                             for m in messages)
+  return "images" in rec or parts
+
+
 def _check_prompt(rec: dict[str, Any]) -> None:
-  """A prompt record has ``prompt`` (a non-empty string or messages) or ``messages``, with text."""
+  """A prompt record has ``prompt`` (a non-empty string or messages) or ``messages``, with text; a record
+  with images is checked with its image parts flattened (:func:`jaxrl.data.flatten_vl_messages`, without
+  loading them)."""
+  if _has_images(rec):  # the same checks on the messages with image parts flattened to placeholders
+    key = "messages" if "messages" in rec else "prompt"
+    messages = rec.get(key)
+    messages = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
+    flat, _ = data_lib.flatten_vl_messages(messages, where=key, images=rec.get("images"))
+    rec = {key: flat}
   if "messages" in rec:
     messages, key = rec["messages"], "messages"
   elif "prompt" in rec:
@@ -95,20 +117,26 @@ def rm_prompt(record: dict[str, Any]) -> str | list[dict[str, Any]]:
 
 
 class EncodedPrompts:
-  """Records with their prompt token ids and rendered prompt text; over-long prompts are skipped."""
+  """Records with their prompt token ids and rendered prompt text; over-long prompts are skipped (one
+  with images is never truncated: its image tokens and pixels would disagree)."""
 
-  def __init__(self, records: list[dict[str, Any]], tokenizer, *, max_tokens: int):
+  def __init__(self, records: list[dict[str, Any]], tokenizer, *, max_tokens: int,
+               images: data_lib.ImageConfig | None = None):
     self.records, self.ids, self.texts = [], [], []
     self.skipped = 0
     self.max_tokens = max_tokens
     self.skipped_where: list[str] = []  # file:line (or "record N") of the skipped prompts
+    self.tokenizer, self.image_config = tokenizer, images or data_lib.ImageConfig()
+    self.with_images: list[bool] = []
     for n, rec in enumerate(records):
-      ids = data_lib.encode_prompt(tokenizer, rec)
+      vl = _has_images(rec)
+      ids = self._encode(rec)["tokens"] if vl else data_lib.encode_prompt(tokenizer, rec)
       if len(ids) > max_tokens:
         self.skipped += 1
         self.skipped_where.append(str(rec.get("_where", f"record {n}")))
         continue
       self.records.append(rec)
+      self.with_images.append(vl)
       self.ids.append(ids.astype(np.int32))
       self.texts.append(tokenizer.decode(ids.tolist(), skip_special_tokens=False))
     if not self.records:
@@ -117,6 +145,25 @@ class EncodedPrompts:
 
   def __len__(self) -> int:
     return len(self.records)
+
+  @property
+  def has_images(self) -> bool:
+    return any(self.with_images)
+
+  def _encode(self, rec: dict[str, Any]) -> dict[str, np.ndarray]:
+    where = str(rec.get("_where", ""))
+    root = Path(where.rsplit(":", 1)[0]).parent if ":" in where else None
+    return data_lib.encode_vl_prompt(self.tokenizer, rec, images=self.image_config, image_root=root)
+
+  def images(self, i: int) -> dict[str, np.ndarray] | None:
+    """Prompt ``i``'s images for the sampler (``pixel_values``, ``grid_thw``, loaded now), or None."""
+    if not self.with_images[i]:
+      return None
+    enc = self._encode(self.records[i])
+    if not np.array_equal(enc["tokens"], self.ids[i]):
+      raise data_lib.DataError(f"{self.records[i].get('_where', f'record {i}')}: its images changed since the "
+                               "prompts were loaded (their token count differs)")
+    return enc
 
   def skip_report(self, report: data_lib.SkipReport | None = None) -> data_lib.SkipReport:
     """Adds the over-long prompts to ``report`` (a new one by default) and returns it."""
@@ -173,6 +220,7 @@ def load_prompt_sets(cfg: PromptData, tokenizer) -> tuple[EncodedPrompts, Encode
   else:
     train = builtin_records(cfg.builtin, "train")
     heldout = read_records(cfg.heldout) if cfg.heldout else builtin_records(cfg.builtin, "heldout")
-  enc_train = EncodedPrompts(train, tokenizer, max_tokens=cfg.max_prompt_tokens)
-  enc_heldout = EncodedPrompts(heldout, tokenizer, max_tokens=cfg.max_prompt_tokens) if heldout else None
+  enc_train = EncodedPrompts(train, tokenizer, max_tokens=cfg.max_prompt_tokens, images=cfg.images)
+  enc_heldout = (EncodedPrompts(heldout, tokenizer, max_tokens=cfg.max_prompt_tokens, images=cfg.images)
+                 if heldout else None)
   return enc_train, enc_heldout

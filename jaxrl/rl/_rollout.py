@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl import losses
+from jaxrl import losses, models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +32,9 @@ class Rollout:
   policy_mask: np.ndarray | None = None  # [N, L] float32: 1 on policy tokens, 0 on environment/tool tokens
   prefix_ids: np.ndarray | None = None  # [N, L] int32 shared-prefix tree nodes (ARPO), -1 = not shared
   versions: np.ndarray | None = None  # [N, L] int32 policy version of each token (-1 past the length); None: current
+  prompt_images: tuple | None = None  # VLM: N × None or {"pixel_values" [P, patch_dim], "grid_thw" [I, 3]}
+  prompt_rope: tuple | None = None  # VLM: N × [P_i, 3] int32 M-RoPE positions of the prompt (mrope_positions)
+  rope_deltas: np.ndarray | None = None  # VLM: [N] int32, response token at position p rotates by p + delta
 
   @property
   def num_samples(self) -> int:
@@ -57,7 +60,24 @@ class Rollout:
         rewards=self.rewards[rows], task_rewards=self.task_rewards[rows], texts=tuple(self.texts[r] for r in rows),
         policy_mask=None if self.policy_mask is None else self.policy_mask[rows],
         prefix_ids=None if self.prefix_ids is None else self.prefix_ids[rows],
-        versions=None if self.versions is None else self.versions[rows])
+        versions=None if self.versions is None else self.versions[rows],
+        prompt_images=None if self.prompt_images is None else tuple(self.prompt_images[r] for r in rows),
+        prompt_rope=None if self.prompt_rope is None else tuple(self.prompt_rope[r] for r in rows),
+        rope_deltas=None if self.rope_deltas is None else self.rope_deltas[rows])
+
+
+def vision_fields(cfg, prompt_ids, images) -> dict[str, Any]:
+  """A VLM rollout's :class:`Rollout` fields for samples with prompts ``prompt_ids`` and ``images`` (one
+  entry per sample, None for a text prompt): the images, each prompt's M-RoPE positions and its decode
+  delta (:func:`jaxrl.models.mrope_positions`, exactly what the sampler rotated by)."""
+  rope, deltas = [], []
+  for ids, img in zip(prompt_ids, images):
+    tokens = np.asarray(ids, np.int64)[None]
+    grid = np.zeros((0, 3), np.int64) if img is None else img["grid_thw"]
+    r, d = models.mrope_positions(tokens, np.ones_like(tokens), grid, cfg)
+    rope.append(r[0])
+    deltas.append(d[0, 0])
+  return dict(prompt_images=tuple(images), prompt_rope=tuple(rope), rope_deltas=np.asarray(deltas, np.int32))
 
 
 def concat_rollouts(parts: list[Rollout]) -> Rollout:
@@ -82,6 +102,12 @@ def concat_rollouts(parts: list[Rollout]) -> Rollout:
     if any(p.versions is None for p in parts):
       raise ValueError("concat_rollouts: every part or none carries per-token versions")
     extra["versions"] = np.concatenate([pad(p.versions, -1) for p in parts])
+  if any(p.prompt_rope is not None for p in parts):
+    if any(p.prompt_rope is None for p in parts):
+      raise ValueError("concat_rollouts: every part or none carries prompt images and rope positions")
+    extra.update(prompt_images=tuple(x for p in parts for x in p.prompt_images),
+                 prompt_rope=tuple(x for p in parts for x in p.prompt_rope),
+                 rope_deltas=np.concatenate([p.rope_deltas for p in parts]))
   return Rollout(
       prompt_ids=tuple(x for p in parts for x in p.prompt_ids),
       tokens=np.concatenate([pad(p.tokens, 0) for p in parts]),
@@ -181,6 +207,12 @@ def sequence_fields(rollout: Rollout, advantages: np.ndarray, mask: np.ndarray) 
 
   ``tokens[t]`` predicts ``targets[t] = seq[t+1]``; response token ``k`` is the target at
   ``t = P - 1 + k``, where ``loss_mask``, ``advantages`` and ``sampler_logprobs`` are placed.
+
+  A VLM rollout (``prompt_rope`` set) also gives ``rope_positions [P + L - 1, 3]`` (the prompt's M-RoPE
+  positions, then ``position + delta``: what the sampler rotated by; never ``mrope_positions`` over the
+  response, whose sampled image-pad tokens are text) and, for a prompt with images, ``pixel_values`` and
+  ``grid_thw`` (as :func:`jaxrl.data.encode_vl_record` gives a sample, for the VL packer); image embeddings
+  replace the prompt's image tokens only.
   """
   out = []
   for i in range(rollout.num_samples):
@@ -201,4 +233,11 @@ def sequence_fields(rollout: Rollout, advantages: np.ndarray, mask: np.ndarray) 
         "sampler_logprobs": place(rollout.logprobs[i], np.float32),
         "group_ids": np.full((length,), rollout.group_ids[i], np.int32),
     })
+    if rollout.prompt_rope is not None:
+      tail = np.arange(len(p), len(seq), dtype=np.int32)[None]
+      rope = np.concatenate([rollout.prompt_rope[i], models.decode_rope_positions(tail, rollout.rope_deltas[i:i + 1])[0]])
+      out[-1]["rope_positions"] = rope[:-1].astype(np.int32)
+      if rollout.prompt_images[i] is not None:
+        out[-1].update(pixel_values=rollout.prompt_images[i]["pixel_values"],
+                       grid_thw=np.asarray(rollout.prompt_images[i]["grid_thw"], np.int32))
   return out

@@ -30,7 +30,7 @@ import numpy as np
 from jaxrl import sharding
 from jaxrl.rl._config import RolloutConfig
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream
-from jaxrl.rl._rollout import Rollout, concat_rollouts, informative_groups, total_rewards
+from jaxrl.rl._rollout import Rollout, concat_rollouts, informative_groups, total_rewards, vision_fields
 
 _TIMES = ("time_generate", "time_reward", "reward_errors")
 """Round metrics that add up over a step's rounds (the others are averaged)."""
@@ -159,12 +159,15 @@ class EngineRollout:
     r = self.cfg
     t0 = time.perf_counter()
     chunks = np.array_split(np.arange(len(idx)), min(r.reward_overlap_chunks, len(idx)))  # none empty
-    outs, submitted = [], []
+    outs, submitted, images = [], [], []
     for c in chunks:
       part = [idx[k] for k in c]
+      imgs = [prompts.images(i) for i in part] if prompts.has_images else None  # loaded now, never all held
       out = sampler.generate([prompts.ids[i].tolist() for i in part], n=n, max_new_tokens=max_new,
                              temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.seed,
-                             request_ids=[request_ids[k] for k in c], stop_strings=r.stop_strings)
+                             request_ids=[request_ids[k] for k in c], stop_strings=r.stop_strings,
+                             **({"images": imgs} if imgs else {}))
+      images += [x for x in (imgs or []) for _ in range(n)]
       submitted += self.submit(prompts, part, n, out.texts, offset=len(submitted))
       outs.append(out)
     t1 = time.perf_counter()
@@ -180,7 +183,8 @@ class EngineRollout:
         truncated=np.asarray([f == "length" for f in finish]),
         group_ids=np.repeat(np.arange(len(idx), dtype=np.int32), n),
         rewards=total_rewards(task, lengths, max_new=max_new, overlong_penalty=r.overlong_penalty),
-        task_rewards=task, texts=tuple(t for o in outs for t in o.texts))
+        task_rewards=task, texts=tuple(t for o in outs for t in o.texts),
+        **(vision_fields(sampler.cfg, [prompts.ids[i] for i in idx for _ in range(n)], images) if images else {}))
     # time_reward: the wait for rewards after the last chunk generated (all of scoring without overlap).
     info = {"time_generate": t1 - t0, "time_reward": t2 - t1, "reward_errors": float(len(scored.errors))}
     return rollout, info

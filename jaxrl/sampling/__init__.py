@@ -15,6 +15,9 @@ Example::
                                  max_new_tokens=16, temperature=1.0)      # Coconut: continuous thoughts first
     out = sampler.generate(prompts_ending_in_bot, n=4, thoughts=2, eot=eot_id)  # the same, in the Sampler
 
+    vl = data.encode_vl_prompt(tokenizer, record)                        # a VLM: tokens, pixel_values, grid_thw
+    out = sampler.generate([vl], n=4, max_new_tokens=64)                  # the tower runs once per prompt
+
 Layer (docs/design.md): may import ``losses``, ``data``, ``models``, ``kernels``, ``sharding``, ``config``;
 nothing above.
 """
@@ -34,6 +37,7 @@ from jaxrl.sampling._requests import FINISH_REASONS, Request, Stops, length_buck
 from jaxrl.sampling._rows import SampleOutput, SamplerState, TopLogprobs
 from jaxrl.sampling._sampler import Sampler
 from jaxrl.sampling._sampler_programs import sampler_programs
+from jaxrl.sampling._vision import PromptImages
 
 __all__ = [
     "Completion",
@@ -42,6 +46,7 @@ __all__ = [
     "FINISH_REASONS",
     "IncrementalDetokenizer",
     "LatentSample",
+    "PromptImages",
     "Request",
     "SampleOutput",
     "Sampled",

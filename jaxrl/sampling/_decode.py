@@ -53,6 +53,7 @@ def decode_step(
     *,
     mesh: Mesh | None = None,
     rules: LogicalRules | None = None,
+    rope_delta: jax.Array | None = None,  # [B] int32 (M-RoPE)
 ) -> tuple[jax.Array, models.KVCache]:  # [B, V] float32 logits, updated cache
   """Feeds one token per row, writes its keys/values at slot ``pos`` and returns next-token logits.
 
@@ -66,6 +67,8 @@ def decode_step(
     pos: ``[B]`` positions (= slots).
     cache: the KV cache.
     mesh, rules: shard the decode kernel over rows and kv heads (see module docstring).
+    rope_delta: a VLM's per-row rotary offset: the token rotates by ``pos + rope_delta`` on the three
+      M-RoPE axes (:func:`jaxrl.models.decode_rope_positions`); None: by ``pos``.
 
   Returns:
     ``([B, V] float32 logits, new cache)``.
@@ -80,8 +83,9 @@ def decode_step(
       return kernel(q[:, 0], k_new.astype(dt), v_new.astype(dt), lengths)[:, None], (k_new, v_new)
     return fn
 
+  rope = None if rope_delta is None else models.decode_rope_positions(pos[:, None], rope_delta)
   logits, (new_k, new_v) = model.run(token[:, None], positions=pos[:, None], kv=(cache.k, cache.v), attend=attend,
-                                     annotate=False)
+                                     annotate=False, rope_positions=rope)
   seg = models.write_rows(cache.segment_ids, jnp.ones_like(pos)[:, None], pos)
   kv_pos = models.write_rows(cache.positions, pos[:, None], pos)
   return logits[:, 0], models.KVCache(k=new_k, v=new_v, segment_ids=seg, positions=kv_pos)

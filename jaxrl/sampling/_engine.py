@@ -60,7 +60,7 @@ from jax.sharding import Mesh
 
 from jaxrl import kernels, models
 from jaxrl.models import cache_block_bytes, cache_shards
-from jaxrl.sampling import _layers
+from jaxrl.sampling import _layers, _vision
 from jaxrl.sampling._engine_pool import pool_blocks
 from jaxrl.sampling._engine_programs import engine_programs, paged_impl_for
 from jaxrl.sampling._engine_rows import (
@@ -265,8 +265,9 @@ class Engine(Scheduler):
                              max_len=self.max_len, add_special_tokens=self.add_special_tokens) if requests else []
     if check:
       check_same_everywhere(requests, prompts)
+    images = _vision.check_images(self.cfg, prompts, [r.images for r in requests])
     k = 0
-    for r, ids in zip(requests, prompts):
+    for i, (r, ids) in enumerate(zip(requests, prompts)):
       check_request(r)
       if r.top_logprobs > self.max_top_logprobs:
         raise ValueError(f"Request.top_logprobs: {r.top_logprobs} exceeds the engine's max_top_logprobs="
@@ -275,9 +276,12 @@ class Engine(Scheduler):
         raise ValueError("Request.entropy: the engine was built without entropy=True")
       group = RowGroup(left=r.n)
       max_new = min(r.max_new_tokens, self.max_len - len(ids))
+      rope, delta = None, 0
+      if _vision.is_vlm(self.cfg):
+        rope, delta = _vision.prompt_rope(self.cfg, ids, images[i], where=f"requests[{i}] (request_id {r.request_id})")
       for j in range(r.n):
         self._waiting.append(Row(request=r, prompt=ids, sample=j, index=k, max_new=max_new, group=group,
-                                  submitted=now))
+                                  submitted=now, images=images[i], rope=rope, rope_delta=delta))
         k += 1
 
   def completions(self, callback: Callable[[Completion], None] | None = None) -> Iterator[Completion]:
@@ -321,8 +325,8 @@ class Engine(Scheduler):
     self.params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, self.params))
     for g in list(self._holding):  # prompt caches of the old weights: later samples prefill again
       self._drop_group(g)
-    for job in self._jobs:  # partly prefilled with the old weights: start again
-      job.done = 0
+    for job in self._jobs:  # partly prefilled with the old weights: start again (images through the new tower)
+      job.done, job.feats = 0, None
     self.version = self.version + 1 if version is None else int(version)
     if mode == "interrupt" and self._running:
       rows = list(self._running.values())
@@ -341,8 +345,9 @@ class Engine(Scheduler):
                min_p=0.0, seed: int = 0, request_ids: Sequence[int] | None = None,
                stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = (),
                return_top_logprobs: int = 0, return_entropy: bool = False, max_steps: int | None = None,
-               return_state: bool = False) -> SampleOutput:
-    """:meth:`jaxrl.sampling.Sampler.generate`'s contract, served by the engine (same rows, same draws).
+               return_state: bool = False, images=None) -> SampleOutput:
+    """:meth:`jaxrl.sampling.Sampler.generate`'s contract, served by the engine (same rows, same draws;
+    ``images`` and ``encode_vl_prompt`` dict prompts as there).
 
     ``return_top_logprobs`` needs an engine built with ``max_top_logprobs`` at least that large and
     ``return_entropy`` one built with ``entropy=True``. ``max_steps`` and ``return_state`` are not
@@ -358,10 +363,15 @@ class Engine(Scheduler):
       raise ValueError("return_entropy: the engine was built without entropy=True")
     if not self.idle:
       raise RuntimeError("Engine.generate needs an idle engine; use submit/completions while it is busy")
+    prompts, images = _vision.split_prompts(prompts, images)
     ids = encode_prompts(self.tokenizer, prompts, vocab_size=self.cfg.vocab_size, max_len=self.max_len,
                          add_special_tokens=self.add_special_tokens)
+    images = _vision.check_images(self.cfg, ids, images)
     count = len(ids)
     procs = self._procs
+    if procs > 1 and any(x is not None for x in images):
+      raise ValueError("Engine.generate: prompts with images across several processes are not supported; submit "
+                       "the same Requests (with their images) on every process")
     check_counts(n=n, max_new_tokens=max_new_tokens)
     args = prompt_args(count, procs, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                        request_ids=request_ids)
@@ -371,10 +381,11 @@ class Engine(Scheduler):
     if procs > 1:  # each process passed its own prompts: schedule all of them everywhere, return this process's rows
       ids, (temp, tp, tk, mp, rid) = gather_prompts(ids, (temp, tp, tk, mp, rid))
       count = len(ids)
+      images = [None] * count
     self._submit([Request(prompt=p, n=n, max_new_tokens=max_new_tokens, temperature=float(temp[i]),
                           top_p=float(tp[i]), top_k=int(tk[i]), min_p=float(mp[i]), seed=int(seed),
                           request_id=int(rid[i]), top_logprobs=int(return_top_logprobs),
-                          entropy=bool(return_entropy)) for i, p in enumerate(ids)], check=False)
+                          entropy=bool(return_entropy), images=images[i]) for i, p in enumerate(ids)], check=False)
     rows = {c.index: c for c in self.completions()}
     out = sample_output(rows, count, n, max_new_tokens, pad_token_id=self.pad_token_id, tokenizer=self.tokenizer,
                         k_top=int(return_top_logprobs), want_entropy=bool(return_entropy))

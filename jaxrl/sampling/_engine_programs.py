@@ -55,6 +55,7 @@ class EnginePrograms:
     self.decode = jit(self._decode, donate_argnames=("pages", "slots"),
                       out_shardings=None if mesh is None else (pages_sh, self.slot_sharding, rep))
     self.prefill = jit(self._prefill, donate_argnames=("pages",), out_shardings=pages_sh)
+    self.embed = jit(self._embed)
     self.copy = jit(self._copy, donate_argnames=("pages",), out_shardings=pages_sh)
     self.install = jit(self._install, donate_argnames=("slots",), out_shardings=self.slot_sharding)
     self.set_tables = jit(self._set_tables, donate_argnames=("slots",), out_shardings=self.slot_sharding)
@@ -79,7 +80,8 @@ class EnginePrograms:
                   min_p=jnp.zeros((s,), jnp.float32), max_new=jnp.ones((s,), jnp.int32),
                   entropy=jnp.zeros((s, g), jnp.float32) if self.want_entropy else None,
                   top_ids=jnp.zeros((s, g, self.k_top), jnp.int32) if self.k_top else None,
-                  top_values=jnp.zeros((s, g, self.k_top), jnp.float32) if self.k_top else None)
+                  top_values=jnp.zeros((s, g, self.k_top), jnp.float32) if self.k_top else None,
+                  rope_delta=jnp.zeros((s,), jnp.int32) if self.cfg.mrope_section is not None else None)
 
   def _init(self):
     cfg = self.cfg
@@ -101,7 +103,7 @@ class EnginePrograms:
 
     upd = {name: put(getattr(slots, name), f[name]) for name in
            ("tables", "prompt_len", "prompt_last", "tokens", "logprobs", "sampling_logprobs", "versions", "n_gen",
-            "temperature", "top_k", "top_p", "min_p", "max_new", "entropy", "top_ids", "top_values")
+            "temperature", "top_k", "top_p", "min_p", "max_new", "entropy", "top_ids", "top_values", "rope_delta")
            if getattr(slots, name) is not None}
     upd["done"] = slots.done.at[idx].set(False, mode="drop")
     upd["reason"] = slots.reason.at[idx].set(0, mode="drop")
@@ -134,7 +136,17 @@ class EnginePrograms:
     k, v = pages
     return (k.at[:, dst].set(k[:, src], mode="drop"), v.at[:, dst].set(v[:, src], mode="drop"))
 
-  def _prefill(self, params, pages, tokens, n_cache, tables, start=None):
+  def _embed(self, params, images):
+    """The vision tower over ``images`` (:class:`jaxrl.models.VisionInputs`, ``A`` prompt rows): merged
+    embeddings ``[A, M, D]`` per row in image-token order, computed once per prompt and sliced into the
+    prefill chunks (``feats`` of :meth:`_prefill`)."""
+    self.counts["embed"] += 1
+    model = nnx.merge(self.graphdef, params)
+    return model.visual(images.pixel_values, images.layout, attention_impl=self.cfg.attention_impl,
+                        interpret=self.cfg.attention_interpret)
+
+  def _prefill(self, params, pages, tokens, n_cache, tables, start=None, rope=None, feats=None, feat_idx=None,
+               feat_mask=None):
     """Runs ``tokens [U, T]``, positions ``start + arange(T)`` of each row's sequence (the first
     ``n_cache`` positions are valid), through the model and writes their keys/values into the row's
     blocks ``tables [U, P / bs]`` (entries ``>= NB`` are dropped). Keys/values of positions before
@@ -150,6 +162,10 @@ class EnginePrograms:
     (the reproducibility switch) the queries run in a scan over tiles of one block, so a sequence
     prefilled in chunks gets bit for bit the keys/values of one piece; otherwise they differ by XLA's
     shape-dependent rounding (about one ulp).
+
+    VLM: ``rope [U, T, 3]`` are the chunk's rotary positions; ``feats [U, M, D]`` (:meth:`_embed`'s rows)
+    replace the embedding of the tokens where ``feat_mask [U, T]``, token ``t`` taking row
+    ``feat_idx[u, t]``: an image that straddles chunks is embedded once and sliced.
     """
     self.counts["prefill"] += 1
     u, t = tokens.shape
@@ -163,11 +179,15 @@ class EnginePrograms:
     paged = self._prefill_attend_fn()
     row_spec = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec(axes.batch or None, None, None))
 
-    def run(pages, params, tokens, start):  # one piece of T' tokens per row, starting at ``start``
+    def run(pages, params, tokens, start, per_token):  # one piece of T' tokens per row, starting at ``start``
       model = nnx.merge(self.graphdef, params)
       pos = start[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]  # [U, T']
       seg = (pos < n_cache[:, None]).astype(jnp.int32)
-      x = model.embed_tokens(tokens)  # [U, T', D]
+      embeds = {}
+      if feats is not None:
+        rows = jnp.take_along_axis(feats, per_token["feat_idx"][..., None], axis=1)  # [U, T', D]
+        embeds = dict(embeds=rows, embeds_mask=per_token["feat_mask"])
+      x = model.embed_tokens(tokens, **embeds)  # [U, T', D]
       if row_spec is not None:  # the rows' activations live where their blocks do
         x = jax.lax.with_sharding_constraint(x, row_spec)
 
@@ -177,18 +197,21 @@ class EnginePrograms:
           return out, (k_l2, v_l2)
         return fn
 
-      _, pages = model.run_layers(x, positions=pos, kv=pages, attend=attend, annotate=False)
+      _, pages = model.run_layers(x, positions=pos, kv=pages, attend=attend, annotate=False,
+                                  rope_positions=per_token.get("rope"))
       return pages
 
+    per_token = {k: v for k, v in dict(rope=rope, feat_idx=feat_idx, feat_mask=feat_mask).items() if v is not None}
     with jax.named_scope("prefill"):
       if not self.row_tile:
-        return run(pages, params, tokens, start)
+        return run(pages, params, tokens, start, per_token)
       # reproducible: queries in tiles of one block, so every chunking computes the same tiles
 
       def tile(carry, i):
         pages, params = carry  # params ride in the carry: NNX modules cannot cross trace levels
-        cut = jax.lax.dynamic_slice_in_dim(tokens, i * self.bs, self.bs, axis=1)
-        return (run(pages, params, cut, start + i * self.bs), params), None
+        cut = lambda a: jax.lax.dynamic_slice_in_dim(a, i * self.bs, self.bs, axis=1)
+        part = {k: cut(v) for k, v in per_token.items()}
+        return (run(pages, params, cut(tokens), start + i * self.bs, part), params), None
 
       (pages, _), _ = jax.lax.scan(tile, (pages, params), jnp.arange(t // self.bs))
       return pages
@@ -307,10 +330,11 @@ class EnginePrograms:
     pos = slots.prompt_len + slots.n_gen - 1
     prev = jnp.take_along_axis(slots.tokens, jnp.maximum(slots.n_gen - 1, 0)[:, None], axis=1)[:, 0]
     token = jnp.where(slots.n_gen > 0, prev, slots.prompt_last)
-    logits, pages = self._step(nnx.merge(self.graphdef, params), token, pos, active, pages, slots.tables)
+    rope = None if slots.rope_delta is None else models.decode_rope_positions(pos[:, None], slots.rope_delta)
+    logits, pages = self._step(nnx.merge(self.graphdef, params), token, pos, active, pages, slots.tables, rope)
     return pages, emit(slots, logits, version, stops)
 
-  def _step(self, model, token, pos, active, pages, tables):
+  def _step(self, model, token, pos, active, pages, tables, rope=None):
     """One token per slot through the model's path (:meth:`jaxrl.models.Transformer.run`), each layer's
     attention writing into and reading from the paged pool."""
     paged = self._attend_fn()
@@ -321,7 +345,8 @@ class EnginePrograms:
         return out[:, None], (k_l2, v_l2)
       return fn
 
-    logits, pages = model.run(token[:, None], positions=pos[:, None], kv=pages, attend=attend, annotate=False)
+    logits, pages = model.run(token[:, None], positions=pos[:, None], kv=pages, attend=attend, annotate=False,
+                              rope_positions=rope)
     return logits[:, 0], pages
 
 

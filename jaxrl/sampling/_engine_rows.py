@@ -51,6 +51,8 @@ class EngineMetrics:
   prefill_calls: int = 0
   "Prefill program calls (one per chunk of up to ``prefill_rows`` rows)."
   recomputed_tokens: int = 0
+  tower_calls: int = 0
+  "Vision-tower program calls (a VLM: one per patch bucket of the prompts whose images are prefilled)."
   preemptions: int = 0
   interruptions: int = 0
   busy_slot_steps: int = 0
@@ -93,6 +95,18 @@ class Row:
   first_token: float | None = None
   admitted_at: int = 0
   started: bool = False  # counted against its group (admitted at least once)
+  images: object = None  # VLM: the prompt's PromptImages (None: text only)
+  rope: np.ndarray | None = None  # VLM: [len(prompt), 3] int32, the prompt's rotary positions
+  rope_delta: int = 0  # VLM: generated token at position p rotates by p + rope_delta
+
+  def rope_positions(self, start: int, count: int) -> np.ndarray:  # [count, 3] int32
+    """Rotary positions of sequence positions ``start .. start + count - 1``: the prompt's, then
+    ``p + rope_delta`` (:func:`jaxrl.models.decode_rope_positions`)."""
+    pos = np.arange(start, start + count, dtype=np.int32)
+    out = np.repeat((pos + self.rope_delta)[:, None], 3, axis=1)
+    inside = pos < len(self.prompt)
+    out[inside] = self.rope[pos[inside]]
+    return out
 
 
 @dataclasses.dataclass(eq=False)
@@ -103,6 +117,7 @@ class PrefillJob:
   seq: list[int]  # the tokens to cache: prompt + generated, but the pending last one
   recompute: bool  # the row already sits in its slot (a weight update); otherwise install when done
   done: int = 0  # tokens of ``seq`` cached so far
+  feats: object = None  # VLM: the tower's output for the row's images [M, D] (device), once per job
 
 
 
@@ -133,7 +148,7 @@ def check_same_everywhere(requests: Sequence[Request], prompts: list[list[int]])
 
 
 def install_fields(rows: list[Row], *, num_slots: int, max_blocks: int, num_blocks: int, max_len: int,
-                   k_top: int, entropy: bool) -> dict[str, np.ndarray]:
+                   k_top: int, entropy: bool, rope: bool = False) -> dict[str, np.ndarray]:
   """The rows' slot state (slot, table, sampling parameters, key inputs, tokens so far) as the host arrays
   of one install call: ``next_pow2(len(rows))`` entries, the padding aimed at slot ``num_slots`` (dropped);
   the generated-so-far columns are ``length_bucket`` wide (padded to ``max_len`` on the device)."""
@@ -149,6 +164,8 @@ def install_fields(rows: list[Row], *, num_slots: int, max_blocks: int, num_bloc
            max_new=np.ones((a,), np.int32))
   if entropy:
     f["entropy"] = np.zeros((a, g), np.float32)
+  if rope:
+    f["rope_delta"] = np.asarray([r.rope_delta for r in rows] + [0] * (a - len(rows)), np.int32)
   if k_top:
     f["top_ids"] = np.zeros((a, g, k_top), np.int32)
     f["top_values"] = np.zeros((a, g, k_top), np.float32)
@@ -175,6 +192,23 @@ def install_fields(rows: list[Row], *, num_slots: int, max_blocks: int, num_bloc
     f["temperature"][k], f["top_k"][k], f["top_p"][k], f["min_p"][k] = r.temperature, r.top_k, r.top_p, r.min_p
     f["max_new"][k] = row.max_new
   return f
+
+
+def chunk_vision(row: Row, start: int, count: int, image_token: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A VLM row's prefill inputs for sequence positions ``start .. start + count - 1``: rotary positions
+  ``[count, 3]``, which tokens take an image embedding ``[count]`` (the prompt's image tokens only: a
+  generated image-pad token is a token) and their row of the tower's output ``[count]``."""
+  rope = row.rope_positions(start, count)
+  pos = np.arange(start, start + count)
+  prompt = np.asarray(row.prompt)
+  inside = pos < len(prompt)
+  mask = np.zeros((count,), bool)
+  idx = np.zeros((count,), np.int32)
+  if row.images is not None:
+    is_image = prompt == image_token
+    mask[inside] = is_image[pos[inside]]
+    idx[inside] = np.maximum(np.cumsum(is_image) - 1, 0)[pos[inside]]
+  return rope, mask, idx
 
 
 def table_rows(rows: list[Row], *, num_slots: int, max_blocks: int, num_blocks: int) -> tuple[np.ndarray, np.ndarray]:

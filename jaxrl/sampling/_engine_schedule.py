@@ -14,6 +14,7 @@ import collections
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl.sampling._engine_programs import EnginePrograms, context_bucket, prefill_batch_rows
@@ -24,17 +25,21 @@ from jaxrl.sampling._engine_rows import (
     Row,
     RowGroup,
     block_pairs,
+    chunk_vision,
     completion,
     install_fields,
     slot_index,
     table_rows,
 )
 from jaxrl.sampling._paged import BlockPool, blocks_for
+from jaxrl.sampling._requests import next_pow2
+from jaxrl.sampling._vision import patch_bucket, vision_rows
 
 
 class Scheduler:
   """The engine's scheduling rounds over the state below, which :class:`jaxrl.sampling.Engine` sets up."""
 
+  cfg: object
   num_slots: int
   max_len: int
   block_size: int
@@ -309,6 +314,7 @@ class Scheduler:
         t = p - job.done if self.prefill_chunk is None else min(self.prefill_chunk, p - job.done)
         by_shape[(p, t)].append(job)
     m = self.metrics
+    self._embed_images(jobs)
     u = prefill_batch_rows(self.prefill_rows, self.dp)
     per = u // self.dp  # rows of each pool shard per call: row k lives on shard k // per (row-local prefill)
     for (p, t), items in sorted(by_shape.items()):
@@ -320,7 +326,13 @@ class Scheduler:
         start = np.zeros((u,), np.int32)
         n_cache = np.zeros((u,), np.int32)
         tables = np.full((u, p // self.block_size), self.num_blocks, np.int32)
+        vl = dict(rope=np.zeros((u, t, 3), np.int32), feat_mask=np.zeros((u, t), bool),
+                  feat_idx=np.zeros((u, t), np.int32), feats=[None] * u)
         for k, job in ((d * per + j, job) for d, q in enumerate(by_shard) for j, job in enumerate(q[i:i + per])):
+          if self.cfg.mrope_section is not None:
+            vl["rope"][k], vl["feat_mask"][k], vl["feat_idx"][k] = chunk_vision(job.row, job.done, t,
+                                                                                self.cfg.image_token_id)
+            vl["feats"][k] = job.feats
           part = job.seq[job.done:job.done + t]
           toks[k, :len(part)] = part
           start[k], n_cache[k] = job.done, len(job.seq)
@@ -336,13 +348,44 @@ class Scheduler:
           job.done += len(part)
         m.prefill_calls += 1
         self.pages = self._programs.prefill(self.params, self.pages, np.asarray(toks), np.asarray(n_cache),
-                                            np.asarray(tables), np.asarray(start))
+                                            np.asarray(tables), np.asarray(start), **self._vision_args(vl))
     return [job for job in jobs if job.done >= len(job.seq)]
+
+  def _embed_images(self, jobs: list[PrefillJob]) -> None:
+    """Runs the vision tower once for every job with images and no features yet (one call per patch
+    bucket, over its jobs' rows); each job keeps its rows for all its prefill chunks."""
+    todo = [j for j in jobs if j.row.images is not None and j.feats is None and j.done < len(j.seq)]
+    by_bucket: dict[int, list[PrefillJob]] = collections.defaultdict(list)
+    for job in todo:
+      by_bucket[patch_bucket(job.row.images.num_patches, self.cfg.vision.spatial_merge_size)].append(job)
+    for _, items in sorted(by_bucket.items()):
+      a = next_pow2(len(items))
+      images = vision_rows(self.cfg, [j.row.images for j in items] + [None] * (a - len(items)), a)
+      feats = self._programs.embed(self.params, images)  # [A, M, D]
+      for k, job in enumerate(items):
+        job.feats = feats[k]
+    self.metrics.tower_calls += len(by_bucket)
+
+  def _vision_args(self, vl: dict) -> dict:
+    """The VLM keywords of a prefill call: rotary positions, and the tower's rows of the call's jobs
+    stacked ``[U, M, D]`` when a chunk holds image tokens."""
+    if self.cfg.mrope_section is None:
+      return {}
+    out = dict(rope=vl["rope"])
+    feats = vl["feats"]
+    if vl["feat_mask"].any():
+      have = [f for f in feats if f is not None]
+      most = max(f.shape[0] for f in have)
+      zero = jnp.zeros((most, have[0].shape[1]), have[0].dtype)
+      rows = [zero if f is None else jnp.pad(f, ((0, most - f.shape[0]), (0, 0))) for f in feats]
+      out.update(feats=jnp.stack(rows), feat_idx=vl["feat_idx"], feat_mask=vl["feat_mask"])
+    return out
 
   def _install(self, rows: list[Row]) -> None:
     """Loads the rows' state (table, sampling parameters, key, tokens so far) into their slots."""
     f = install_fields(rows, num_slots=self.num_slots, max_blocks=self.max_blocks, num_blocks=self.num_blocks,
-                       max_len=self.max_len, k_top=self.max_top_logprobs, entropy=self.entropy)
+                       max_len=self.max_len, k_top=self.max_top_logprobs, entropy=self.entropy,
+                       rope=self.cfg.mrope_section is not None)
     for row in rows:
       row.n_gen = len(row.tokens)
       if row.n_gen and row.first_token is None:

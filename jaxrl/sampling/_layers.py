@@ -44,6 +44,8 @@ def _unstack_fn(graphdef, cfg: models.ModelConfig, mesh: Mesh | None, rules: Log
     for path in paths:
       if path[0] == "layers":
         out.append(stacked[("layers",) + path[2:]][path[1]])
+      elif path[:2] == ("visual", "blocks"):  # a VLM's vision tower stacks its blocks likewise
+        out.append(stacked[("visual", "blocks") + path[3:]][path[2]])
       else:
         out.append(stacked[path])
     return out

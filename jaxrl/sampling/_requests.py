@@ -57,6 +57,8 @@ class Request:
   "Also return the ``k`` most likely tokens per step (at most the engine's ``max_top_logprobs``)."
   entropy: bool = False
   "Also return the per-token entropy of ``softmax(logits / T)`` (needs an engine with ``entropy=True``)."
+  images: object = None
+  "A VLM prompt's images: :class:`jaxrl.sampling.PromptImages` or ``{pixel_values, grid_thw}`` (``encode_vl_prompt``)."
 
 
 class Stops(NamedTuple):

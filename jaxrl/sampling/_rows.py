@@ -23,7 +23,9 @@ class Rows(NamedTuple):
   of the engine's decode slots (``R`` = ``num_slots``) alike. ``G`` is the completion width (the sampler's
   bucket, the engine's ``max_len``). Each path sets its own cache fields and leaves the other's None:
   the sampler ``cache`` and ``prompt`` (a dense cache, the prompt kept for a recompute), the engine
-  ``tables`` and ``prompt_last`` (block tables into its paged pool, the pending prompt token)."""
+  ``tables`` and ``prompt_last`` (block tables into its paged pool, the pending prompt token). A VLM's
+  rows also carry ``rope_delta`` (decode rotary positions ``p + delta``, :func:`jaxrl.models.decode_rope_positions`);
+  the sampler's also the prompt's rotary positions and prompt row, for a recompute."""
 
   prompt_len: jax.Array  # [R] int32
   tokens: jax.Array  # [R, G] int32
@@ -46,6 +48,9 @@ class Rows(NamedTuple):
   prompt: jax.Array | None = None  # sampler: [R, P] int32
   tables: jax.Array | None = None  # engine: [R, MB] int32 block ids (free entries: the pool size)
   prompt_last: jax.Array | None = None  # engine: [R] int32, the last prompt token (pending before step 0)
+  rope_delta: jax.Array | None = None  # VLM (M-RoPE): [R] int32, a token at position p rotates by p + delta
+  prompt_rope: jax.Array | None = None  # VLM sampler: [R, P, 3] int32, the prompt's rotary positions
+  prompt_src: jax.Array | None = None  # VLM sampler: [R] int32, the prompt row (of the state's images)
 
 
 
@@ -96,6 +101,7 @@ class SamplerState:
   stop_strings: tuple[str, ...]
   consumed: bool = False
   latent: bool = False  # generated in latent mode: the cache holds continuous thoughts
+  vision: tuple | None = None  # (prompts [U, P], VisionInputs [U, ...]) on device, for a recompute
 
   @property
   def finished(self) -> np.ndarray:  # [N] bool

@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl import models
-from jaxrl.sampling import _layers
+from jaxrl.sampling import _layers, _vision
 from jaxrl.sampling._engine import Engine
 from jaxrl.sampling._paged import blocks_for
 from jaxrl.sampling._requests import (
@@ -171,7 +171,7 @@ class Sampler:
                min_p=0.0, seed: int = 0, request_ids: Sequence[int] | None = None,
                stop_token_ids: Sequence[int | str] = (), stop_strings: Sequence[str] = (),
                return_top_logprobs: int = 0, return_entropy: bool = False, max_steps: int | None = None,
-               return_state: bool = False, thoughts=0, eot: int | str | None = None) -> SampleOutput:
+               return_state: bool = False, thoughts=0, eot: int | str | None = None, images=None) -> SampleOutput:
     """Samples ``n`` completions per prompt: one jitted prefill, then one jitted decode loop.
 
     Log-prob contract (both ``[N, max_new]`` float32, 0 after the end):
@@ -182,7 +182,8 @@ class Sampler:
         renormalised distribution actually sampled from (0 for greedy rows).
 
     Args:
-      prompts: strings or token-id lists (a single string or a flat list of ids is one prompt).
+      prompts: strings or token-id lists (a single string or a flat list of ids is one prompt), or
+        :func:`jaxrl.data.encode_vl_prompt` dicts (``tokens``, ``pixel_values``, ``grid_thw``) for a VLM.
       n: samples per prompt; they share one prefill. Output rows are ``prompt·n + sample``.
       max_new_tokens: most tokens per completion (fewer if ``prompt + max_new_tokens > max_len``).
       temperature: ``>= 0`` (0 = greedy); a scalar or one value per prompt. Likewise ``top_p``
@@ -210,13 +211,22 @@ class Sampler:
         recomputed), :meth:`fork` and :meth:`resume` without new weights work.
       eot: the ``<eot>`` id (or token string) fed after the thoughts; given, latent mode is on (also
         with 0 thoughts: ``<bot><eot>``).
+      images: a VLM's images, one entry per prompt: None or ``{"pixel_values" [P, patch_dim], "grid_thw"
+        [I, 3]}`` (:class:`jaxrl.sampling.PromptImages`), matching the prompt's image placeholders. The
+        tower runs once per prompt (its ``n`` samples share it); tokens rotate by M-RoPE positions
+        (:func:`jaxrl.models.mrope_positions`), generated ones by ``position + delta``.
 
     Returns:
       A :class:`SampleOutput`.
     """
+    prompts, images = _vision.split_prompts(prompts, images)
     ids = encode_prompts(self.tokenizer, prompts, vocab_size=self.cfg.vocab_size, max_len=self.max_len,
                          add_special_tokens=self.add_special_tokens)
+    images = _vision.check_images(self.cfg, ids, images)
     procs = jax.process_count() if self.mesh is not None else 1
+    if any(x is not None for x in images) and (procs > 1 or eot is not None):
+      raise ValueError("images: prompts with images are not supported in latent mode (eot=) or across several "
+                       "processes (generate on each process's own mesh)")
     self._check_counts(n=n, max_new_tokens=max_new_tokens, max_steps=max_steps,
                        return_top_logprobs=return_top_logprobs)
     args = prompt_args(len(ids), procs, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
@@ -232,10 +242,10 @@ class Sampler:
                                   top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=seed,
                                   request_ids=args.request_ids, stop_token_ids=stop_token_ids,
                                   stop_strings=stop_strings, return_top_logprobs=return_top_logprobs,
-                                  return_entropy=return_entropy)
+                                  return_entropy=return_entropy, images=images)
     return self._generate_dense(ids, args, procs=procs, n=n, max_new_tokens=max_new_tokens, seed=seed, stops=stops,
                                 stop_strings=stop_strings, k_top=return_top_logprobs, want_entropy=return_entropy,
-                                max_steps=max_steps, return_state=return_state, latent=latent)
+                                max_steps=max_steps, return_state=return_state, latent=latent, images=images)
 
   # ------------------------------------------------------------------------------------------------
   # generate's steps
@@ -267,7 +277,7 @@ class Sampler:
 
   def _generate_dense(self, ids: list[list[int]], args: PromptArgs, *, procs: int, n: int, max_new_tokens: int,
                       seed: int, stops: Stops, stop_strings, k_top: int, want_entropy: bool, max_steps: int | None,
-                      return_state: bool, latent: bool) -> SampleOutput:
+                      return_state: bool, latent: bool, images: list) -> SampleOutput:
     """:meth:`generate` on the whole-batch cache: one prefill of every prompt, then one decode loop over
     all rows (at most ``max_steps`` tokens each)."""
     local_count = len(ids)
@@ -279,13 +289,15 @@ class Sampler:
     row_max_new = np.minimum(max_new_tokens, self.max_len - lens)  # [count] completions cut at max_len
     g_bucket = length_bucket(int(row_max_new.max()), minimum=self.min_bucket)
     inputs, latent_kw = self._prefill_inputs(ids, args, n=n, row_max_new=row_max_new, latent=latent)
+    self._vision_inputs(ids, images, inputs, n=n)
     budget = jnp.int32(g_bucket if max_steps is None else max_steps)
     rows = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **inputs, gen_len=g_bucket, k_top=k_top,
                                   want_entropy=want_entropy, **latent_kw)
+    vision = None if inputs.get("images") is None else (inputs["prompt"], inputs["images"])
     rows = self._programs.decode(self.params, rows, stops, budget, jnp.int32(self.version))
     state = SamplerState(rows=rows, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
                          prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings,
-                         latent=latent)
+                         latent=latent, vision=vision)
     out = self._finish(state, return_state=return_state)
     if procs > 1:
       out = process_rows(out, jax.process_index() * local_count, local_count, n)
@@ -330,6 +342,24 @@ class Sampler:
       n_arr[:count] = n_thoughts
       latent_kw = dict(n_thoughts=jax.device_put(n_arr), max_thoughts=int(n_thoughts.max()))
     return inputs, latent_kw
+
+  def _vision_inputs(self, ids: list[list[int]], images: list, inputs: dict, *, n: int) -> None:
+    """A VLM's prefill inputs, added to ``inputs``: the prompts' rotary positions ``rope [U, P, 3]``, each
+    sample row's ``rope_delta [R]``, and the prompts' images (``U`` rows, None without any)."""
+    if not _vision.is_vlm(self.cfg):
+      return
+    u_rows, p_bucket = inputs["prompt"].shape
+    r_rows = inputs["src"].shape[0]
+    rope = np.broadcast_to(np.arange(p_bucket, dtype=np.int32)[None, :, None], (u_rows, p_bucket, 3)).copy()
+    delta = np.zeros((u_rows,), np.int32)
+    for i, (x, imgs) in enumerate(zip(ids, images)):
+      rope[i, :len(x)], delta[i] = _vision.prompt_rope(self.cfg, x, imgs, where=f"prompts[{i}]")
+    rows = np.arange(r_rows)
+    row_delta = np.where(rows < len(ids) * n, delta[np.minimum(rows // n, u_rows - 1)], 0).astype(np.int32)
+    inputs.update(rope=jax.device_put(rope), rope_delta=self._put_rows(row_delta))
+    if any(x is not None for x in images):
+      padded = list(images) + [None] * (u_rows - len(images))
+      inputs["images"] = jax.device_put(_vision.vision_rows(self.cfg, padded, u_rows))
 
   def _generate_paged(self, ids: list[list[int]], *, procs: int, n: int, max_new_tokens: int, **kw) -> SampleOutput:
     """:meth:`generate` on a rollout engine sized to this call: a slot per row (the row bucket of the
@@ -388,7 +418,7 @@ class Sampler:
     state.consumed = True
     rows = state.rows
     if new_model is not None:
-      rows = self._programs.recompute(self.params, rows)
+      rows = self._programs.recompute(self.params, rows, state.vision)
     rows = self._programs.decode(self.params, rows, state.stops, budget, jnp.int32(self.version))
     new = dataclasses.replace(state, rows=rows, consumed=False)
     return self._finish(new, return_state=return_state)
@@ -428,7 +458,7 @@ class Sampler:
     new_rows = self._programs.fork(state.rows, self._put_rows(src), self._put_rows(child), self._put_rows(real))
     return SamplerState(rows=new_rows, stops=state.stops, num_rows=count, max_new_tokens=state.max_new_tokens,
                         prompt_index=state.prompt_index[np.asarray(rows)].repeat(k),
-                        stop_strings=state.stop_strings, latent=state.latent)
+                        stop_strings=state.stop_strings, latent=state.latent, vision=state.vision)
 
   # ------------------------------------------------------------------------------------------------
   # Input handling

@@ -61,7 +61,7 @@ class _Programs:
 
   def _prefill_program(self, params, seed, *, prompt, prompt_len, src, active, request, sample, temperature,
                        top_k, top_p, min_p, max_new, gen_len, k_top, want_entropy, n_thoughts=None,
-                       max_thoughts=0):
+                       max_thoughts=0, rope=None, rope_delta=None, images=None):
     """Prefills every prompt's first ``p - 1`` tokens once and copies the cache to its sample rows.
 
     The last prompt token is left pending (``n_gen = 0``): the first decode step feeds it and samples
@@ -71,6 +71,10 @@ class _Programs:
     (ending with ``<bot>``), ``n_thoughts[u]`` placeholder slots, then ``<eot>``. Its tokens are
     prefilled, the continuous thoughts are fed into the placeholder slots
     (:func:`jaxrl.sampling._latent.feed_thoughts`), and ``<eot>`` is left pending.
+
+    VLM: ``rope [U, P, 3]`` are the prompts' rotary positions and ``rope_delta [R]`` each sample row's
+    decode offset; ``images`` (:class:`jaxrl.models.VisionInputs`, ``U`` rows) run through the tower once
+    here, per prompt row, before the cache is copied to the sample rows.
     """
     self.counts["prefill"] += 1
     model = nnx.merge(self.graphdef, params)
@@ -83,8 +87,9 @@ class _Programs:
       seg = (jnp.arange(p)[None, :] < filled[:, None]).astype(jnp.int32)  # [U, P]
       pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (u, p))
       cache = models.KVCache.init(cfg, u, p, self.cache_dtype)
-      h, cache = model(prompt, positions=pos, segment_ids=seg, cache=cache,
-                       cache_start=jnp.zeros((u,), jnp.int32), return_hidden=True)
+      embeds = _image_embeds(model, prompt, images, src=None, width=p)
+      h, cache = model(prompt, positions=pos, segment_ids=seg, cache=cache, cache_start=jnp.zeros((u,), jnp.int32),
+                       return_hidden=True, rope_positions=rope, **embeds)
     if max_thoughts:
       with jax.named_scope("thoughts"):  # thought j at slot = position filled + j: the row stays a contiguous prefix
         last = h[jnp.arange(u), filled - 1]  # [U, D]: hidden state of each prompt's <bot>
@@ -109,14 +114,15 @@ class _Programs:
         top_ids=jnp.zeros((r, g, k_top), jnp.int32) if k_top else None,
         top_values=jnp.zeros((r, g, k_top), jnp.float32) if k_top else None,
         n_gen=jnp.zeros((r,), jnp.int32), done=~active, reason=jnp.zeros((r,), jnp.int32), keys=keys,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new=max_new)
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new=max_new, rope_delta=rope_delta,
+        prompt_rope=None if rope is None else rope[src], prompt_src=None if rope is None else src)
     return self.constrain_rows(rows)
 
-  def _recompute_program(self, params, rows):
+  def _recompute_program(self, params, rows, vision=None):
     self.counts["recompute"] += 1
     model = nnx.merge(self.graphdef, params)
     with jax.named_scope("recompute_cache"):
-      rows = rows._replace(cache=_recompute_cache(model, rows, self.cache_dtype))
+      rows = rows._replace(cache=_recompute_cache(model, rows, self.cache_dtype, vision))
     return self.constrain_rows(rows)
 
   def _decode_program(self, params, rows, stops, budget, version):
@@ -146,10 +152,12 @@ class _Programs:
         jnp.take_along_axis(rows.tokens, jnp.maximum(rows.n_gen - 1, 0)[:, None], axis=1)[:, 0],
         jnp.take_along_axis(rows.prompt, jnp.maximum(pos, 0)[:, None], axis=1)[:, 0])
     if self.decode_impl == "kernel":
-      logits, cache = _decode.decode_step(model, token, pos, rows.cache, mesh=self.mesh, rules=self.rules)
+      logits, cache = _decode.decode_step(model, token, pos, rows.cache, mesh=self.mesh, rules=self.rules,
+                                          rope_delta=rows.rope_delta)
     else:
+      rope = None if rows.rope_delta is None else models.decode_rope_positions(pos[:, None], rows.rope_delta)
       out, cache = model(token[:, None], positions=pos[:, None], segment_ids=jnp.ones_like(pos)[:, None],
-                         cache=rows.cache, cache_start=pos)
+                         cache=rows.cache, cache_start=pos, rope_positions=rope)
       logits = out[:, 0]
     rows = self.constrain_rows(rows._replace(cache=cache))
     return carry, emit(rows, logits, version, stops)
@@ -166,8 +174,24 @@ def sampler_programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _P
 # Pure device functions
 
 
-def _recompute_cache(model, rows: Rows, dtype) -> models.KVCache:
-  """KV cache of every row's sequence (prompt + generated) except the pending last token, in one prefill."""
+def _image_embeds(model, prompts, images, *, src, width: int) -> dict:
+  """``embeds``/``embeds_mask`` keywords of the model for ``prompts [U, P]`` with ``images`` (U rows: the
+  tower runs once over them), taken to the rows ``src`` (None: the U rows) and padded to ``width``
+  slots; ``{}`` without images. Only prompt tokens take image embeddings: a generated image-pad
+  token is embedded as a token, as transformers' ``generate`` does."""
+  if images is None:
+    return {}
+  embeds, mask = model.embed_images(prompts, images, annotate=False)  # [U, P, D], [U, P]
+  if src is not None:
+    embeds, mask = jnp.take(embeds, src, axis=0), jnp.take(mask, src, axis=0)
+  pad = width - prompts.shape[1]
+  return dict(embeds=jnp.pad(embeds, ((0, 0), (0, pad), (0, 0))), embeds_mask=jnp.pad(mask, ((0, 0), (0, pad))))
+
+
+def _recompute_cache(model, rows: Rows, dtype, vision=None) -> models.KVCache:
+  """KV cache of every row's sequence (prompt + generated) except the pending last token, in one prefill
+  (a VLM's with its rotary positions: the prompt's, then ``slot + delta``; and its images' embeddings,
+  ``vision = (prompts [U, P], VisionInputs)`` run through the tower once per prompt row)."""
   r, p = rows.prompt.shape
   s = rows.cache.k.shape[2]
   slot = jnp.arange(s)[None, :]  # [1, S]
@@ -180,8 +204,13 @@ def _recompute_cache(model, rows: Rows, dtype) -> models.KVCache:
   seg = valid.astype(jnp.int32)
   tokens = jnp.where(valid, tokens, 0)
   pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (r, s))
+  rope = None
+  if rows.rope_delta is not None:
+    from_prompt = jnp.pad(rows.prompt_rope, ((0, 0), (0, s - p), (0, 0)))  # [R, S, 3]
+    rope = jnp.where((slot < pl)[..., None], from_prompt, models.decode_rope_positions(pos, rows.rope_delta))
+  embeds = {} if vision is None else _image_embeds(model, vision[0], vision[1], src=rows.prompt_src, width=s)
   cache = models.KVCache.init(model.cfg, r, s, dtype)
   _, cache = model(tokens, positions=pos, segment_ids=seg, cache=cache, cache_start=jnp.zeros((r,), jnp.int32),
-                   return_hidden=True)
+                   return_hidden=True, rope_positions=rope, **embeds)
   return cache
 

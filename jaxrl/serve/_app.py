@@ -29,6 +29,8 @@ Refusals follow OpenAI's API, with the body ``{"error": {"message", "type", "par
   and vLLM's chat API) and a completion 16 tokens (the legacy API's default), capped at the context left.
 * 404 ``model_not_found`` for a ``model`` other than the served name (a request without ``model`` is
   served, as vLLM does).
+* 400 for an ``image_url`` part with a remote ``http(s)`` URL (send a ``data:`` URL or a local file), an
+  unreadable image, or any image for a model without a vision tower (:mod:`jaxrl.serve._vision`)
 * 400 for a message role other than ``system``, ``developer``, ``user``, ``assistant``, ``tool``
   (``developer`` is rendered as ``system`` unless the chat template names a developer role).
 """
@@ -51,7 +53,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from jaxrl import data as data_lib
 from jaxrl.sampling import IncrementalDetokenizer, TokenBytes
+from jaxrl.serve import _vision
 from jaxrl.serve._batcher import Batcher, GenRequest, RowResult
 from jaxrl.serve._score import PromptScorer
 
@@ -123,7 +127,7 @@ def _max_tokens(body: dict, prompts: list[list[int]], max_len: int, default: int
 
 def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_len: int, *,
                  default_max_tokens: int | None, echo: bool = False,
-                 prompt_texts: tuple[str | None, ...] = ()) -> GenRequest:
+                 prompt_texts: tuple[str | None, ...] = (), images: tuple = ()) -> GenRequest:
   max_tokens = _max_tokens(body, prompts, max_len, default_max_tokens, echo)
   seed = body.get("seed")
   if seed is None:
@@ -133,7 +137,7 @@ def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_le
       temperature=_num(body, "temperature", 1.0, float, lambda v: 0 <= v <= 100),
       top_p=_num(body, "top_p", 1.0, float, lambda v: 0 < v <= 1), top_k=max(_num(body, "top_k", 0, int, lambda v: v >= -1), 0),
       seed=_num({"seed": seed}, "seed", 0, int, lambda v: True), stop=_stops(body), top_logprobs=top_logprobs,
-      echo=echo, prompt_texts=tuple(prompt_texts))
+      echo=echo, prompt_texts=tuple(prompt_texts), images=images)
 
 
 def _starts(deltas: list[str], start: int = 0) -> list[int]:
@@ -154,9 +158,11 @@ def _cut_stop(text: str, stop: tuple[str, ...]) -> str:
 
 class _Api:
   def __init__(self, tokenizer, batcher: Batcher, model_name: str, max_len: int, max_top_logprobs: int,
-               scorer=None):
+               scorer=None, image_config: data_lib.ImageConfig | None = None):
     self.tok, self.batcher, self.model_name, self.max_len = tokenizer, batcher, model_name, max_len
     self.max_top_logprobs, self.scorer = max_top_logprobs, scorer
+    self.image_config = image_config or data_lib.ImageConfig()
+    self.vision = getattr(getattr(batcher.backend, "cfg", None), "vision", None)  # a VLM's tower config
     self.created = int(time.time())
     self.token_bytes = TokenBytes(tokenizer)
     template = str(getattr(tokenizer, "chat_template", None) or "")
@@ -208,6 +214,9 @@ class _Api:
       if m["role"] not in _ROLES:
         raise RequestError(f"messages.[{i}].role", f"{m['role']!r} is not one of {', '.join(map(repr, _ROLES))}")
       content = m.get("content")
+      if isinstance(content, list) and _vision.has_image_parts([m]):  # kept whole for encode_image_chat
+        msgs.append({"role": self.developer_role if m["role"] == "developer" else m["role"], "content": content})
+        continue
       if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
       if not isinstance(content, str):
@@ -218,6 +227,12 @@ class _Api:
       k = _num(body, "top_logprobs", 0, int, lambda v: 0 <= v <= self.max_top_logprobs)
     elif body.get("top_logprobs"):
       raise RequestError("top_logprobs", "needs logprobs: true")
+    if _vision.has_image_parts(msgs):
+      try:
+        vl = _vision.encode_image_chat(self.tok, msgs, images=self.image_config, vision=self.vision)
+      except _vision.ImageRequestError as e:
+        raise RequestError(e.param, str(e)) from None
+      return _gen_request(body, [vl["tokens"].tolist()], k, self.max_len, default_max_tokens=None, images=(vl,))
     return _gen_request(body, [render_chat(self.tok, msgs)], k, self.max_len, default_max_tokens=None)
 
   def chat_logprobs(self, row: RowResult, k: int, sl=slice(None)) -> dict:
@@ -363,7 +378,8 @@ class _Api:
 
 
 def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_rows: int = 64,
-               batch_wait_s: float = 0.01, max_top_logprobs: int = 20):
+               batch_wait_s: float = 0.01, max_top_logprobs: int = 20,
+               image_config: data_lib.ImageConfig | None = None):
   """The FastAPI app serving ``backend`` (a :class:`jaxrl.sampling.Sampler` or a generate-compatible engine).
 
   Args:
@@ -374,6 +390,8 @@ def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_
     max_top_logprobs: most ``top_logprobs`` a request may ask for (OpenAI's limit is 20; up to the
       vocabulary size lets a judge read the probability of every score token); capped at an
       :class:`jaxrl.sampling.Engine` backend's own ``max_top_logprobs``.
+    image_config: a VLM backend's image processing (``jaxrl.data.ImageConfig.from_hf(checkpoint)``; default
+      :class:`jaxrl.data.ImageConfig` ()): chat ``image_url`` parts (data URLs, local files) become its images.
 
   The app's ``state.batcher`` is the batching queue (``batch_sizes`` records each ``generate`` call).
   """
@@ -385,7 +403,7 @@ def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_
     max_top_logprobs = min(max_top_logprobs, cap)
   scorer = PromptScorer(backend) if hasattr(backend, "graphdef") and hasattr(backend, "params") else None
   batcher = Batcher(backend, max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
-  api = _Api(tokenizer, batcher, model_name, backend.max_len, max_top_logprobs, scorer)
+  api = _Api(tokenizer, batcher, model_name, backend.max_len, max_top_logprobs, scorer, image_config)
   @contextlib.asynccontextmanager
   async def lifespan(_app):
     yield

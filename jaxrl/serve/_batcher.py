@@ -58,6 +58,8 @@ class GenRequest:
   """``/v1/completions`` ``echo``: the prompt (with its log-probs) is prepended; ``max_tokens`` may be 0."""
   prompt_texts: tuple[str | None, ...] = ()
   """The prompts as sent, where they were text (for the echoed text and its offsets)."""
+  images: tuple = ()
+  """A VLM's images per prompt (``{pixel_values, grid_thw}`` or None); empty: text prompts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,12 +175,13 @@ class Batcher:
         job.future.set_result(res)
 
   def _run(self, jobs: list[_Job]) -> list[list[list[RowResult]]]:
-    prompts, temp, top_p, top_k, rids = [], [], [], [], []
+    prompts, temp, top_p, top_k, rids, images = [], [], [], [], [], []
     for job in jobs:
       r = job.req
       for p, ids in enumerate(r.prompts):
         for j in range(r.n):
           prompts.append(ids)
+          images.append(r.images[p] if r.images else None)
           temp.append(r.temperature)
           top_p.append(r.top_p)
           top_k.append(r.top_k)
@@ -188,7 +191,8 @@ class Batcher:
     out = self.backend.generate(
         prompts, n=1, max_new_tokens=max(job.req.max_tokens for job in jobs), temperature=np.asarray(temp, np.float32),
         top_p=np.asarray(top_p, np.float32), top_k=np.asarray(top_k, np.int32), seed=0, request_ids=rids,
-        stop_strings=list(jobs[0].req.stop), return_top_logprobs=k)
+        stop_strings=list(jobs[0].req.stop), return_top_logprobs=k,
+        **({"images": images} if any(x is not None for x in images) else {}))
     results, row = [], 0
     for job in jobs:
       r, per_prompt = job.req, []

@@ -15,6 +15,8 @@ from jaxrl.sft._trainer import (
     sft_loss_fn,
     sft_prepare,
 )
+from jaxrl.sft._vl import device_arrays as vl_device_arrays
+from jaxrl.sft._vl import image_heldout_accuracy
 
 __all__ = [
     "BuiltinData",
@@ -25,6 +27,8 @@ __all__ = [
     "SFTLoss",
     "SFTTrainer",
     "heldout_exact_match",
+    "image_heldout_accuracy",
     "sft_loss_fn",
     "sft_prepare",
+    "vl_device_arrays",
 ]

@@ -22,6 +22,7 @@ from flax import nnx
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
 from jaxrl import sampling
+from jaxrl.sft import _vl
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
                "TPU v5": 459.0, "TPU v6 lite": 918.0}
@@ -39,6 +40,16 @@ class SFTData(data_lib.TaskData):
   max_bad_records: int = 0
   "Malformed records to skip (counted, reported) before failing."
   shuffle_seed: int = 0
+  image_task: data_lib.BuiltinImageTask | None = None
+  "Vision-language models: the built-in image task, used when `train` is empty (default settings if unset)."
+  images: data_lib.ImageConfig = dataclasses.field(default_factory=data_lib.ImageConfig)
+  "Vision-language models: how images become patches (min/max pixels; geometry must match the tower)."
+  num_patches: int | None = None
+  "Vision-language models: patches per row (a fixed bucket); None: the smallest min_patches·2^k holding each batch."
+  min_patches: int = 64
+  "Vision-language models: smallest per-row patch bucket when num_patches is None."
+  zero_pixels: bool = False
+  "Vision-language models: zero every image's pixel values in training and evaluation (the image-ablated control)."
 
   def __post_init__(self):
     if self.max_bad_records < 0:
@@ -77,6 +88,9 @@ class SFTConfig(train.TrainerConfig):
   loss: SFTLoss = dataclasses.field(default_factory=SFTLoss)
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+  freeze_vision: bool = False
+  "Vision-language models: keep the vision tower (patch embedding, blocks, merger) fixed and train the language "
+  "model only (no gradient or optimizer state for the tower). Under LoRA the tower is frozen anyway."
   out_dir: str = "runs/sft"
   export_hf: bool = True
   "Write an HF directory (out_dir/hf) at the end."
@@ -90,9 +104,13 @@ class SFTConfig(train.TrainerConfig):
       raise ValueError("data: give data.train files or data.builtin")
 
 
-def _resolve_data(cfg: SFTConfig, out_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _resolve_data(cfg: SFTConfig, out_dir: Path, *, vision: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  if cfg.data.image_task is not None and not vision:
+    raise ValueError(f"data.image_task: model {cfg.model.preset or cfg.model.hf_dir!r} has no vision tower")
   if cfg.data.train:
     return cfg.data.train, cfg.data.heldout
+  if vision:
+    return _vl.write_image_task(cfg.data.image_task or data_lib.BuiltinImageTask(), out_dir)
   b = cfg.data.builtin
   if jax.process_index():  # every process writes its own (identical) copy: no two writers share a file
     out_dir = out_dir / "processes" / str(jax.process_index())
@@ -102,10 +120,12 @@ def _resolve_data(cfg: SFTConfig, out_dir: Path) -> tuple[tuple[str, ...], tuple
 
 
 def sft_loss_fn(graphdef, loss_cfg: SFTLoss):
-  """``loss(params, batch) -> (Σ w·nll, metrics)`` for batches that already carry ``weights``."""
+  """``loss(params, batch) -> (Σ w·nll, metrics)`` for batches that already carry ``weights``; a VL batch's
+  ``rope_positions`` and per-row images (:meth:`jaxrl.models.VisionInputs.from_batch`) feed the forward."""
   def loss_fn(params, batch):
     model = nnx.merge(graphdef, params)
     hidden = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
+                   rope_positions=batch.get("rope_positions"), images=models.VisionInputs.from_batch(batch),
                    return_hidden=True)  # [B, T, D]
     logprobs = losses.token_logprobs(hidden, model.unembed_matrix(), batch["targets"],
                                      chunk_size=loss_cfg.chunk_size)  # [B, T]
@@ -132,11 +152,14 @@ class SFTTrainer(train.PackedTrainer):
     self._check_divisible(**{"packing.global_rows": cfg.packing.global_rows})
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
     self._build_model()
-    self.train_paths, self.heldout_paths = _resolve_data(cfg, self.out_dir)
+    self.vision = self.model.cfg.vision is not None
+    if self.vision:
+      _vl.check_image_config(cfg.data.images, self.model.cfg.vision)
+    self.train_paths, self.heldout_paths = _resolve_data(cfg, self.out_dir, vision=self.vision)
     params, optim_cfg, lr_scale = self._trainable()
     loss_fn = sft_loss_fn(self.graphdef, cfg.loss)
     eval_loss = sft_loss_fn(self.graphdef, SFTLoss(chunk_size=cfg.loss.chunk_size))
-    if cfg.lora is not None:
+    if self.frozen:  # the LoRA base or the frozen tower: an extra input that lora_loss merges back in
       loss_fn, eval_loss = models.lora_loss(loss_fn), models.lora_loss(eval_loss)
     self._init_state(params, optim_cfg, lr_scale, name="sft")
     self.step_fn = train.make_train_step(
@@ -145,9 +168,29 @@ class SFTTrainer(train.PackedTrainer):
         compute_view=lambda p, dtype=self.model.cfg.dtype: models.compute_view(p, dtype))
     eval_prepare = sft_prepare(SFTLoss(mode="global_token_mean"))
     self._eval_fn = jax.jit(lambda p, b, *frozen: eval_loss(p, eval_prepare(b), *frozen))
+    self._last_batch = None  # the last batch trained (its image skip counters, for the skip report)
     self._make_checkpointer()
 
+  def _trainable(self):
+    """:meth:`jaxrl.train.PackedTrainer._trainable`, or with ``freeze_vision`` the tower split off as a frozen
+    input (as the base is under LoRA: no gradient, no optimizer state)."""
+    if not self.cfg.freeze_vision or self.cfg.lora is not None:
+      return super()._trainable()
+    if not self.vision:
+      raise ValueError("freeze_vision: the model has no vision tower")
+    self.graphdef, tower, params = nnx.split(self.model, nnx.PathContains("visual"), ...)
+    self.frozen = (tower,)
+    return params, self.cfg.optim, None
+
   def _batches(self, paths, *, epochs):
+    if self.vision:
+      d = self.cfg.data
+      ds = _vl.vl_batch_iter(paths, tokenizer=self.tokenizer, model_cfg=self.model.cfg, images=d.images,
+                             packing=self.cfg.packing, num_patches=d.num_patches, min_patches=d.min_patches,
+                             seed=d.shuffle_seed, epochs=epochs, max_bad_records=d.max_bad_records,
+                             zero_pixels=d.zero_pixels)
+      self._last_source = ds.source
+      return iter(ds)
     dcfg = data_lib.DataConfig(paths=tuple(paths), seed=self.cfg.data.shuffle_seed, num_epochs=epochs,
                                max_bad_records=self.cfg.data.max_bad_records, shuffle=epochs != 1)
     # The global stream on every process (not sharded by process): see the module docstring.
@@ -156,8 +199,10 @@ class SFTTrainer(train.PackedTrainer):
     return iter(ds)
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    """A global batch's arrays → global device arrays, each process feeding its own rows."""
-    return {k: sharding.global_batch(v[self._rows], self.batch_sharding) for k, v in arrays.items()}
+    """A global batch's arrays → global device arrays, each process feeding its own rows (a VL batch's
+    per-image ``grid_thw``/``image_rows`` stay on the host)."""
+    return {k: sharding.global_batch(v[self._rows], self.batch_sharding)
+            for k, v in _vl.device_arrays(arrays).items()}
 
   def evaluate(self) -> dict[str, float]:
     out = {}
@@ -177,7 +222,12 @@ class SFTTrainer(train.PackedTrainer):
         toks += float(m["loss_tokens"])
       if toks:
         out["eval_loss"] = nll / toks
-    if self.cfg.eval.exact_match:
+    if self.cfg.eval.exact_match and self.vision:
+      out["eval_exact_match"] = _vl.image_heldout_accuracy(
+          self.current_model(for_sampling=True), self.tokenizer, self.heldout_paths, n=self.cfg.eval.exact_match,
+          max_new_tokens=self.cfg.eval.max_new_tokens, images=self.cfg.data.images, mesh=self.mesh,
+          zero_pixels=self.cfg.data.zero_pixels)
+    elif self.cfg.eval.exact_match:
       out["eval_exact_match"] = heldout_exact_match(
           self.current_model(for_sampling=True), self.tokenizer, self.heldout_paths,
           n=self.cfg.eval.exact_match, max_new_tokens=self.cfg.eval.max_new_tokens, mesh=self.mesh)
@@ -201,6 +251,7 @@ class SFTTrainer(train.PackedTrainer):
                                  eval_every=cfg.eval.every, evaluate=self.evaluate)
     plot = logger.close(title="sft")
     skips = sft_skip_report(source, stats, cfg.packing)
+    _vl.vl_skips(skips, self._last_batch, source, cfg.packing.seq_len)
     skips.print(logger.console)
     results["skips"] = skips.as_dict()
     if last < cfg.steps:
@@ -241,7 +292,7 @@ class SFTTrainer(train.PackedTrainer):
     last_batch = [None]  # the batch of the last step trained in this process (none when resumed at the end)
 
     def step(s: int):
-      last_batch[0] = batch = next(it)
+      last_batch[0] = self._last_batch = batch = next(it)
       self.state, metrics = self.step_fn(self.state, self._device_batch(batch.arrays), *self.frozen)
       return metrics
 

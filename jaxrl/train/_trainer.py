@@ -105,7 +105,8 @@ class PackedTrainer:
   def _build_model(self) -> None:
     """The tokenizer (``data.tokenizer_dir``) and the model on the mesh, checked against each other."""
     cfg = self.cfg
-    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir))
+    self.tokenizer = models.load_tokenizer(data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir,
+                                                                  vision=cfg.model.config().vision is not None))
     self.model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, self.model.cfg)
 
