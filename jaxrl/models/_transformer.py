@@ -386,7 +386,8 @@ class Transformer(nnx.Module):
     ``cfg.remat_policy`` like the blocks: a caller that samples several continuations of one prompt runs
     it once and reuses ``embeds``. The host keeps the image tokens and ``grid_thw`` consistent
     (:func:`jaxrl.models.mrope_positions` checks them); tokens beyond a row's merged rows would repeat
-    its last one.
+    its last one. ``images.token_mask`` (an RL batch's ``image_token_mask``) restricts the image tokens to the
+    prompts', as the sampler embeds a sampled one as text.
     """
     cfg = self.cfg
     if self.visual is None:
@@ -399,6 +400,8 @@ class Transformer(nnx.Module):
                           attention_impl=cfg.attention_impl, interpret=cfg.attention_interpret,
                           remat_policy=cfg.remat_policy if annotate else None)  # [B, U, D]
     mask = tokens == cfg.image_token_id  # [B, T]
+    if images.token_mask is not None:  # an RL batch: a sampled image-pad token in a response is text
+      mask = mask & (images.token_mask != 0)
     index = jnp.clip(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0, feats.shape[1] - 1)  # [B, T]
     embeds = jnp.take_along_axis(feats, index[..., None], axis=1)  # [B, T, D]
     return embeds, mask

@@ -238,6 +238,7 @@ class VisionInputs:
 
   pixel_values: Any  # [R, P, patch_dim] float (padding patches are ignored)
   layout: VisionLayout  # fields [R, ...]
+  token_mask: Any = None  # [R, T] int/bool or None: the image tokens images replace (None = all of them)
 
   @classmethod
   def from_batch(cls, batch: Mapping[str, Any]) -> VisionInputs | None:
@@ -249,7 +250,8 @@ class VisionInputs:
     if missing:
       raise ValueError(f"batch has pixel_values but not the vision layout arrays {missing} (build it with "
                        "VisionPackingConfig(per_row=True) and a model config, or batch_vision_inputs)")
-    return cls(batch["pixel_values"], VisionLayout(**{k: batch[k] for k in VISION_LAYOUT_KEYS}))
+    return cls(batch["pixel_values"], VisionLayout(**{k: batch[k] for k in VISION_LAYOUT_KEYS}),
+               batch.get("image_token_mask"))
 
 
 def vision_layout(grid_thw, cfg: VisionConfig, *, num_patches: int | None = None) -> VisionLayout:

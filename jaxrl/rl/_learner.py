@@ -37,11 +37,13 @@ def packed_layout(cfg: RLConfig, step: int, *, data_parallel: int, processes: in
 def make_logprob_program(fn, num_micro: int, *, mesh, batch_sharding):
   """Jitted ``(params, interleaved batch, *frozen) -> [R·M, T]`` masked log-probs of ``fn`` (a
   ``make_logprob_fn`` function), scanning the ``num_micro`` micro-batches on device (one micro-batch live at a
-  time); the result stays on device with ``batch_sharding``."""
-  keys = ("tokens", "targets", "positions", "segment_ids")
+  time); the result stays on device with ``batch_sharding``. A VLM batch's images (``pixel_values``, the
+  ``models.VISION_LAYOUT_KEYS`` arrays, ``image_token_mask``) and ``rope_positions`` go with it when present."""
+  keys = ("tokens", "targets", "positions", "segment_ids", "rope_positions", "image_token_mask", "pixel_values",
+          *models.VISION_LAYOUT_KEYS)
 
   def run(params, batch, *frozen):
-    micro = train.split_micro_batches({k: batch[k] for k in keys}, num_micro, mesh=mesh)
+    micro = train.split_micro_batches({k: batch[k] for k in keys if k in batch}, num_micro, mesh=mesh)
     lp = jax.lax.map(lambda mb: fn(params, mb, *frozen), micro)  # [M, R, T]
     lp = jnp.swapaxes(lp, 0, 1).reshape(batch["tokens"].shape)  # back to the interleaved rows
     return lp * batch["loss_mask"]

@@ -19,7 +19,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl import models
+
 FLOAT_KEYS = ("loss_mask", "advantages", "sampler_logprobs")
+IMAGE_KEYS = ("pixel_values", "grid_thw")  # per sample, not per token: packed per row by _pack_images
 
 
 def assign_micro_batches(lengths: Sequence[int], *, row_len: int, rows: int) -> list[list[list[int]]]:
@@ -101,19 +104,71 @@ def _bucket(m: int, mode: str) -> int:
   return 1 << (m - 1).bit_length()
 
 
+def _row_patch_bucket(patches: int, merge: int) -> int:
+  """Per-row patch bucket: the power of two ``>= patches`` (at least ``4·m²``), a multiple of ``m²`` (as the
+  sampler's ``jaxrl.sampling`` patch bucket, so few distinct shapes compile)."""
+  m2 = merge * merge
+  b = 1 << (max(int(patches), 4 * m2) - 1).bit_length()
+  return -(-b // m2) * m2
+
+
+def _pack_images(seqs, assignment, arrays: dict[str, np.ndarray], vision) -> None:
+  """Adds ``pixel_values [M, R, P, patch_dim]`` (each row's samples' patches in row order, zero-padded to the
+  per-row bucket ``P``) and the :data:`jaxrl.models.VISION_LAYOUT_KEYS` arrays ``[M, R, ...]`` of each row
+  (:func:`jaxrl.models.batch_vision_inputs`), as ``jaxrl.data.stack_vl_rows(per_row=True)`` lays them out."""
+  m, rows = arrays["tokens"].shape[:2]
+  per_row = [[seqs[i] for i in row if "pixel_values" in seqs[i]] for micro in assignment for row in micro]
+  per_row += [[]] * (m * rows - len(per_row))  # bucketing micro-batches: no images
+  counts = [sum(len(s["pixel_values"]) for s in row) for row in per_row]
+  pixels = np.zeros((m * rows, _row_patch_bucket(max(counts), vision.spatial_merge_size), vision.patch_dim),
+                    np.float32)
+  grids, image_rows = [], []
+  for r, row in enumerate(per_row):
+    o = 0
+    for s in row:
+      p = np.asarray(s["pixel_values"], np.float32)
+      pixels[r, o:o + len(p)] = p
+      o += len(p)
+      g = np.asarray(s["grid_thw"], np.int32).reshape(-1, 3)
+      grids.append(g)
+      image_rows += [r] * len(g)
+  grid_thw = np.concatenate(grids) if grids else np.zeros((0, 3), np.int32)
+  inputs = models.batch_vision_inputs(pixels, grid_thw, np.asarray(image_rows, np.int32), vision)
+  arrays["pixel_values"] = pixels.reshape(m, rows, *pixels.shape[1:])
+  for k in models.VISION_LAYOUT_KEYS:
+    v = np.asarray(getattr(inputs.layout, k))
+    arrays[k] = v.reshape(m, rows, *v.shape[1:])
+
+
 def pack_sequences(seqs: Sequence[dict[str, np.ndarray]], *, row_len: int, rows: int,
-                   bucket: str = "pow2") -> PackedBatch:
+                   bucket: str = "pow2", vision=None) -> PackedBatch:
   """Packs per-sequence arrays (``tokens``, ``targets``, ``loss_mask``, ...) into micro-batches.
 
   Adds ``positions``, ``segment_ids`` and ``mb_index`` (``[M, R]``: the micro-batch of each row).
   Micro-batches added by bucketing are all padding (zero loss mask).
+
+  A VLM rollout's samples (:func:`jaxrl.rl.sequence_fields`) carry ``rope_positions [n, 3]`` (packed as
+  ``[M, R, T, 3]``, TAKEN from the samples: never recomputed over prompt + response), ``image_token_mask [n]``
+  (the prompt's tokens: only there do image embeddings replace ``<|image_pad|>``; a sampled one is text, as
+  the sampler embeds it) and, for an image prompt, ``pixel_values``/``grid_thw``, packed per row with
+  ``vision`` (the policy's ``VisionConfig``) by :func:`_pack_images`.
   """
   lengths = [len(s["tokens"]) for s in seqs]
   assignment = assign_micro_batches(lengths, row_len=row_len, rows=rows)
   m_real = max(len(assignment), 1)
   m = _bucket(m_real, bucket)
-  keys = list(seqs[0]) if seqs else ["tokens", "targets", *FLOAT_KEYS, "group_ids"]
-  arrays = {k: np.zeros((m, rows, row_len), np.float32 if k in FLOAT_KEYS else np.int32) for k in keys}
+  keys = [k for k in seqs[0] if k not in IMAGE_KEYS] if seqs else ["tokens", "targets", *FLOAT_KEYS, "group_ids"]
+  missing = sorted({k for s in seqs for k in keys if k not in s} | {k for s in seqs for k in s
+                                                                    if k not in keys and k not in IMAGE_KEYS})
+  if missing:
+    raise ValueError(f"pack_sequences: samples disagree on the keys {missing} (a VLM rollout gives every sample "
+                     "rope_positions and image_token_mask)")
+  with_images = any("pixel_values" in s for s in seqs)
+  if with_images and vision is None:
+    raise ValueError("pack_sequences: samples carry pixel_values but no vision config was given (pass the "
+                     "policy's model config .vision)")
+  arrays = {k: np.zeros((m, rows, row_len, *np.shape(seqs[0][k])[1:]) if seqs else (m, rows, row_len),
+                        np.float32 if k in FLOAT_KEYS else np.int32) for k in keys}
   arrays["positions"] = np.zeros((m, rows, row_len), np.int32)
   arrays["segment_ids"] = np.zeros((m, rows, row_len), np.int32)
   for mi, micro in enumerate(assignment):
@@ -127,6 +182,8 @@ def pack_sequences(seqs: Sequence[dict[str, np.ndarray]], *, row_len: int, rows:
         arrays["segment_ids"][mi, r, o:o + n] = seg
         o += n
   arrays["mb_index"] = np.broadcast_to(np.arange(m, dtype=np.int32)[:, None], (m, rows)).copy()
+  if with_images:
+    _pack_images(seqs, assignment, arrays, vision)
   return PackedBatch(arrays=arrays, num_micro=len(assignment), tokens=int(sum(lengths)), assignment=assignment)
 
 

@@ -237,6 +237,7 @@ def sequence_fields(rollout: Rollout, advantages: np.ndarray, mask: np.ndarray) 
       tail = np.arange(len(p), len(seq), dtype=np.int32)[None]
       rope = np.concatenate([rollout.prompt_rope[i], models.decode_rope_positions(tail, rollout.rope_deltas[i:i + 1])[0]])
       out[-1]["rope_positions"] = rope[:-1].astype(np.int32)
+      out[-1]["image_token_mask"] = (np.arange(length) < len(p)).astype(np.int32)  # prompt tokens only
       if rollout.prompt_images[i] is not None:
         out[-1].update(pixel_values=rollout.prompt_images[i]["pixel_values"],
                        grid_thw=np.asarray(rollout.prompt_images[i]["grid_thw"], np.int32))

@@ -94,6 +94,7 @@ class RLTrainer:
       lr_scale = models.lr_scale_tree(params, cfg.lora.b_lr_ratio)
     else:
       self.graphdef, params = nnx.split(model)
+    self.vision = model.cfg.vision  # the packer lays out a VLM rollout's images per row with it
     # Without LoRA the reference is a copy of the initial weights; skipped entirely when β = 0 (loss and
     # the critic's KL reward).
     need_ref = algo.kl_coef > 0 or (cfg.critic is not None and cfg.critic.kl_reward_coef > 0)
@@ -328,7 +329,7 @@ class RLTrainer:
       own = [g for g in chunk if g0 <= g < g0 + rollout.num_groups]
       idx = np.concatenate([np.flatnonzero(local.group_ids == g) for g in own]) if own else []
       pb = pack_sequences([seqs[i] for i in idx], row_len=row_len, rows=rows // self.procs,
-                          bucket=cfg.micro_batch.bucket)
+                          bucket=cfg.micro_batch.bucket, vision=self.vision)
       pb = pad_micro_batches(pb, int(sharding.allgather_scalar(pb.shape[0]).max()))
       pb.arrays["mb_index"] = pb.arrays["mb_index"][..., None]
       packed.append(pb)
