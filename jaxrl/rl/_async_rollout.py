@@ -21,7 +21,7 @@ import numpy as np
 from jaxrl import rewards, sampling, sharding
 from jaxrl.rl._config import RLConfig
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, reward_fields
-from jaxrl.rl._rollout import Rollout, informative_groups, total_rewards
+from jaxrl.rl._rollout import Rollout, informative_groups, total_rewards, vision_fields
 from jaxrl.rl._source import RolloutBatch
 
 # --------------------------------------------------------------------------------------------------
@@ -310,11 +310,13 @@ class RolloutWorker:
 # Batches and metrics
 
 
-def groups_to_rollout(groups: list[Group], prompt_ids, *, max_new: int, tokenizer, overlong_penalty=None
-                      ) -> tuple[Rollout, np.ndarray]:
+def groups_to_rollout(groups: list[Group], prompt_ids, *, max_new: int, tokenizer, overlong_penalty=None,
+                      images=None, model_cfg=None) -> tuple[Rollout, np.ndarray]:
   """The groups (admission order, samples ``0..n-1``) as the synchronous trainer's :class:`Rollout`,
   plus ``[N, max_new]`` per-token versions (−1 past each length; also the rollout's ``versions``). ``logprobs``
-  are the engine's behaviour log-probs (π_behav of decoupled PPO), token by token whichever version drew them."""
+  are the engine's behaviour log-probs (π_behav of decoupled PPO), token by token whichever version drew them.
+  With ``images`` (``prompt -> images or None``, :meth:`EncodedPrompts.images`) and the VLM's ``model_cfg`` the
+  rollout gets :func:`vision_fields`, as the synchronous source gives it."""
   rows = [(gi, g, g.completions[s]) for gi, g in enumerate(groups) for s in range(g.n)]
   total = len(rows)
   tokens = np.zeros((total, max_new), np.int32)
@@ -332,6 +334,10 @@ def groups_to_rollout(groups: list[Group], prompt_ids, *, max_new: int, tokenize
       truncated=np.asarray([c.finish_reason == "length" for *_, c in rows]),
       group_ids=np.asarray([gi for gi, _, _ in rows], np.int32), rewards=rew.astype(np.float32),
       task_rewards=task, texts=texts, versions=versions)
+  if images is not None:
+    imgs = {g.prompt: images(g.prompt) for _, g, _ in rows}
+    rollout = dataclasses.replace(rollout, **vision_fields(model_cfg, rollout.prompt_ids,
+                                                           [imgs[g.prompt] for _, g, _ in rows]))
   return rollout, versions
 
 
@@ -435,10 +441,11 @@ class AsyncRollout:
         [ids[k] for k in mine] != [g.request_id for g in batch.drawn]:
       raise RuntimeError(f"batch {step - 1}: its groups are not this process's share of the prompt stream's next "
                          f"{batch.rounds * B} prompts")
+    vl = dict(images=prompts.images, model_cfg=self.engine.cfg) if prompts.has_images else {}
     drawn, _ = groups_to_rollout(batch.drawn, prompts.ids, max_new=r.max_new_tokens, tokenizer=self.tokenizer,
                                  overlong_penalty=r.overlong_penalty)
     rollout, _ = groups_to_rollout(batch.groups, prompts.ids, max_new=r.max_new_tokens, tokenizer=self.tokenizer,
-                                   overlong_penalty=r.overlong_penalty)
+                                   overlong_penalty=r.overlong_penalty, **vl)
     errors, ahead, samples = (int(x) for x in sharding.allgather_rows({"x": np.asarray(
         [[sum(g.errors for g in batch.drawn), self.schedule.held(), drawn.num_samples]])})[0]["x"].sum(0))
     runner = self.cfg.reward.runner
@@ -474,7 +481,8 @@ class AsyncRollout:
     prompt, rid = self._admit_queue.popleft()
     req = sampling.Request(prompt=self.prompts.ids[prompt].tolist(), n=r.n, max_new_tokens=r.max_new_tokens,
                            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
-                           request_id=rid)
+                           request_id=rid,
+                           **({"images": self.prompts.images(prompt)} if self.prompts.has_images else {}))
     return prompt, req
 
   def _on_row(self, g: Group, c) -> None:  # each row's reward starts as soon as it finishes

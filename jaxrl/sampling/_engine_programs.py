@@ -142,8 +142,8 @@ class EnginePrograms:
     prefill chunks (``feats`` of :meth:`_prefill`)."""
     self.counts["embed"] += 1
     model = nnx.merge(self.graphdef, params)
-    return model.visual(images.pixel_values, images.layout, attention_impl=self.cfg.attention_impl,
-                        interpret=self.cfg.attention_interpret)
+    return model.visual(images.pixel_values, images.layout, placement=model.placement,  # Pallas under shard_map
+                        attention_impl=self.cfg.attention_impl, interpret=self.cfg.attention_interpret)
 
   def _prefill(self, params, pages, tokens, n_cache, tables, start=None, rope=None, feats=None, feat_idx=None,
                feat_mask=None):

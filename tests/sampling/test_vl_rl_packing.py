@@ -16,9 +16,10 @@ from test_vl_rollout import KIND, _records
 from vl_testlib import vl_model
 
 from jaxrl import data, models, rl, sampling
+from jaxrl.rl._async_rollout import Group, groups_to_rollout
 
 
-def _rollout(tmp_path):
+def _rollout(tmp_path, *, fields: bool = True):
   model = vl_model(KIND)
   tokenizer = models.load_tokenizer(HF_FIXTURES / KIND)
   images = data.ImageConfig.from_hf(HF_FIXTURES / KIND, min_pixels=3136, max_pixels=50176)
@@ -32,6 +33,8 @@ def _rollout(tmp_path):
                        truncated=np.zeros(6, bool), group_ids=np.repeat(np.arange(3, dtype=np.int32), n),
                        rewards=np.zeros(6, np.float32), task_rewards=np.zeros(6, np.float32), texts=tuple(out.texts),
                        **rl.vision_fields(model.cfg, ids, [x for x in imgs for _ in range(n)]))
+  if not fields:
+    return model, tokenizer, prompts, out
   return model, rl.sequence_fields(rollout, np.ones(out.tokens.shape, np.float32), rollout.response_mask())
 
 
@@ -86,3 +89,29 @@ def test_a_sampled_image_pad_in_a_response_stays_text(tmp_path):
                              rtol=0, atol=2e-5)
   del batch["image_token_mask"]
   assert np.abs(_logprobs(graphdef, params, batch)[keep] - batch["sampler_logprobs"][keep]).max() > 1e-3
+
+
+class _Completion:
+  def __init__(self, tokens, logprobs):
+    self.tokens, self.logprobs = tokens, logprobs
+    self.versions, self.finish_reason = np.zeros(len(tokens), np.int64), "length"
+
+
+def test_the_async_rollout_carries_the_images(tmp_path):
+  """``groups_to_rollout`` (the async trainer's batch) with the prompts' images gives the same trainer batch
+  contract: packed, its log-probs are the sampler's; without ``images`` it is text-only and they are not."""
+  model, tokenizer, prompts, out = _rollout(tmp_path, fields=False)
+  groups = [Group(index=g, prompt=g, request_id=g, version=0, n=2, rewards=np.zeros(2, np.float32),
+                  completions={s: _Completion(out.tokens[2 * g + s, :out.lengths[2 * g + s]],
+                                              out.logprobs[2 * g + s, :out.lengths[2 * g + s]]) for s in range(2)})
+            for g in range(3)]
+  graphdef, params = nnx.split(model)
+  errors = []
+  for kw in ({"images": prompts.images, "model_cfg": model.cfg}, {}):
+    ro, _ = groups_to_rollout(groups, prompts.ids, max_new=out.tokens.shape[1], tokenizer=tokenizer, **kw)
+    seqs = rl.sequence_fields(ro, np.ones(ro.tokens.shape, np.float32), ro.response_mask())
+    pb = rl.pack_sequences(seqs, row_len=max(len(s["tokens"]) for s in seqs) * 2, rows=2, vision=model.cfg.vision)
+    batch = pb.interleaved()
+    keep = batch["loss_mask"] > 0
+    errors.append(np.abs(_logprobs(graphdef, params, batch)[keep] - batch["sampler_logprobs"][keep]).max())
+  assert errors[0] <= 2e-5 and errors[1] > 1e-3
