@@ -58,7 +58,7 @@ def test_rl_policy_logprobs_take_the_images(vl):
 
 def test_critic_values_take_the_images(vl):
   model, batch, arrays, hidden, _ = vl
-  vm = _critic.ValueModel(nnx.clone(model))  # the value head replaces the clone's lm_head
+  vm = models.ValueModel(nnx.clone(model))  # the value head replaces the clone's lm_head
   w = np.random.default_rng(0).normal(size=hidden.shape[-1]).astype(np.float32)
   vm.value_head.set_value(jnp.asarray(w))
   vm.value_bias.set_value(jnp.asarray(0.5, jnp.float32))
