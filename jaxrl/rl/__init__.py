@@ -30,7 +30,7 @@ from jaxrl.rl._engine_build import build_engine, build_sampler, rollout_max_len
 from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
 from jaxrl.rl._packing import PackedBatch, assign_micro_batches, pack_sequences
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, read_records, reward_fields
-from jaxrl.rl._rewards import arithmetic_reward, weighted_reward
+from jaxrl.rl._rewards import arithmetic_reward, image_answer_reward, weighted_reward
 from jaxrl.rl._rubric_arm import PairData, RubricARM, RubricARMConfig, arithmetic_pairs
 from jaxrl.rl._rollout import (
     Rollout,
@@ -78,6 +78,7 @@ __all__ = [
     "Teacher",
     "arithmetic_pairs",
     "arithmetic_reward",
+    "image_answer_reward",
     "assign_micro_batches",
     "build_engine",
     "build_sampler",

@@ -42,6 +42,9 @@ class PromptData(data_lib.TaskData):
 
   builtin: BuiltinPrompts | None = dataclasses.field(default_factory=BuiltinPrompts)
   "The built-in task as single-turn prompts, used when `train` is empty."
+  image_task: data_lib.BuiltinImageTask | None = None
+  ("Vision-language models: the built-in image task's prompts (image + question, `answer` per record), used when "
+   "`train` is empty, instead of `builtin` (configs/vision_r1_tiny.yaml).")
   shuffle_seed: int = 0
   "Seed of the per-epoch prompt shuffle."
   max_prompt_tokens: int = 1024
@@ -55,8 +58,8 @@ class PromptData(data_lib.TaskData):
    "case, sequences per row x images_per_prompt x max_pixels // patch_size**2 (`jaxrl.plan.vision_bucket`).")
 
   def __post_init__(self):
-    if not self.train and self.builtin is None:
-      raise ValueError("data: give data.train files or data.builtin")
+    if not self.train and self.builtin is None and self.image_task is None:
+      raise ValueError("data: give data.train files, data.builtin or data.image_task")
     if self.max_prompt_tokens < 1:
       raise ValueError(f"data.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens!r}")
     if self.images_per_prompt < 1:

@@ -27,6 +27,22 @@ def arithmetic_reward(prompt: str, completion: str, *, answer: str | int, correc
   return RewardResult(value=float(incorrect), info={"reason": "no_answer" if got is None else "wrong_answer"})
 
 
+def image_answer_reward(prompt: str, completion: str, *, answer: str | int, correct: float = 1.0,
+                        incorrect: float = 0.0, **_: Any) -> RewardResult:
+  """``correct`` if the word or integer after the last ``Answer:`` equals ``answer`` (case-insensitive), else
+  ``incorrect``: the built-in image task's verifiable reward (:func:`jaxrl.data.image_answer_match`).
+
+  ``info["reason"]`` is ``correct`` or ``wrong_answer``. Load it as ``reward.fn: jaxrl.rl:image_answer_reward``.
+
+  Example:
+    >>> image_answer_reward("How many circles?", "Answer: 3", answer="3").value
+    1.0
+  """
+  del prompt
+  ok = data_lib.image_answer_match(completion, answer)
+  return RewardResult(value=float(correct if ok else incorrect), info={"reason": "correct" if ok else "wrong_answer"})
+
+
 def weighted_reward(prompt: str, completion: str, *, components: dict[str, Any],
                     weights: dict[str, float] | None = None, **fields: Any) -> RewardResult:
   """``Σ_i w_i · r_i``: accuracy plus format rewards as in DeepSeek-R1, configurable from YAML.

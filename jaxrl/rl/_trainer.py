@@ -73,7 +73,7 @@ class RLTrainer:
                        f"{self.procs} processes (each generates an equal share of whole prompt groups)")
     self.mesh = cfg.mesh.build(devices)
     self.rules = cfg.mesh.logical_rules()
-    tok_dir = data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir)
+    tok_dir = data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir, vision=cfg.model.config().vision is not None)
     self.tokenizer = models.load_tokenizer(tok_dir)
     model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, model.cfg)

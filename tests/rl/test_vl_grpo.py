@@ -1,0 +1,90 @@
+"""configs/vision_r1_tiny.yaml end to end on CPU (issue 31): GRPO on a tiny Qwen2.5-VL over the built-in image
+task, sampled by the rollout engine with the prompts' images, through both PTST stages of the sync trainer.
+
+The contract checked at each step's first update: the packed batch the trainer receives carries the per-row
+images (``pixel_values``, the vision layout) and the rollout's M-RoPE ``rope_positions``, and the π_old
+recompute program over it gives the sampler's own per-token log-probs (the reference: the engine's
+log-probs of what it sampled), so the first micro-step's PPO ratio is 1.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import numpy as np
+
+from jaxrl import config as config_lib
+from jaxrl import data, models, rl
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vision_r1_tiny.yaml"
+STAGES = [{"start_step": 2, "max_new_tokens": 16, "n": 2}]  # the config's second stage, reached at step 2
+
+
+def _config(tmp_path) -> rl.RLConfig:
+  over = {"steps": 2, "rollout.context_schedule": STAGES, "out_dir": str(tmp_path / "run"), "tensorboard": False}
+  return config_lib.load(rl.RLConfig, CONFIG, [f"{k}={json.dumps(v)}" for k, v in over.items()])
+
+
+def test_image_answer_reward():
+  """The reward is the image task's answer check: the last ``Answer:`` decides, case-insensitively."""
+  assert rl.image_answer_reward("q", "Answer: 2 ... Answer: Red", answer="red").value == 1.0
+  assert rl.image_answer_reward("q", "Answer: 3", answer="2").value == 0.0
+  assert rl.image_answer_reward("q", "2", answer="2").info["reason"] == "wrong_answer"
+
+
+def test_vision_r1_tiny_runs_both_ptst_stages_with_images(tmp_path):
+  cfg = _config(tmp_path)
+  assert cfg.data.image_task is not None and cfg.reward.fn == "jaxrl.rl:image_answer_reward"
+  trainer = rl.RLTrainer(cfg)
+  assert trainer.tokenizer.convert_tokens_to_ids("<|image_pad|>") == trainer.cfg.model.config().image_token_id == 105
+  assert trainer.train_prompts.has_images and all(trainer.train_prompts.with_images)
+  seen, update = [], trainer.update
+
+  def spy(rollout, step):
+    packed = trainer.pack(rollout, step)[0]  # one PackedBatch per mini-batch
+    batches = [pb.interleaved() for pb in packed]
+    olds = [np.asarray(trainer._forward(trainer.state.params, trainer._device(b), pb.shape[0]))  # the π_old program
+            for b, pb in zip(batches, packed)]
+    seen.append((step, trainer._stage, rollout, batches, olds))
+    return update(rollout, step)
+
+  trainer.update = spy
+  try:
+    out = trainer.run()
+  finally:
+    trainer.close()
+  assert out["steps"] == 2
+  history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  history = [h for h in history if "loss" in h]
+  assert [h["step"] for h in history] == [1, 2]
+  n_image = models.ModelConfig.tiny_vl().vision.spatial_merge_size ** 2
+  for (step, stage, rollout, batches, olds), h, (n, budget) in zip(seen, history, ((4, 8), (2, 16))):
+    assert np.isfinite(h["loss"]) and np.isfinite(h["grad_norm"])
+    groups = collections.Counter(np.asarray(rollout.group_ids).tolist())
+    assert (stage, sorted(groups.values())) == (step - 1, [n] * cfg.rollout.prompts_per_step)
+    assert int(np.max(rollout.lengths)) <= budget
+    assert len(batches) == cfg.algorithm.mini_batches
+    image_total = sum(int(((b["tokens"] == 105) & (b["image_token_mask"] > 0)).sum()) for b in batches)
+    assert image_total == 4 * len(rollout.lengths)  # every sample's 56 px image: 4 merged tokens
+    for batch, old in zip(batches, olds):
+      _check_batch(cfg, batch, old, n_image)
+    assert abs(h["ratio_first_min"] - 1) < 1e-5 and abs(h["ratio_first_max"] - 1) < 1e-5
+    assert h["logprob_diff/max_abs"] < 1e-4
+
+
+def _check_batch(cfg, batch, old, n_image):
+  """One packed mini-batch: per-row images, the rollout's M-RoPE positions, π_old = the sampler's log-probs."""
+  rows, t = batch["tokens"].shape
+  assert batch["rope_positions"].shape == (rows, t, 3)
+  assert batch["pixel_values"].shape[:2] == (rows, cfg.data.num_patches)
+  assert all(batch[k].shape[0] == rows for k in models.VISION_LAYOUT_KEYS)
+  image_tokens = (batch["tokens"] == 105) & (batch["image_token_mask"] > 0)
+  real_patches = np.abs(batch["pixel_values"]).sum(-1) > 0  # [R, P]
+  np.testing.assert_array_equal(image_tokens.sum(1) * n_image, real_patches.sum(1))
+  # the image tokens' (row, column) rotary positions differ: M-RoPE, not 1-D positions, reached the batch
+  assert np.any(batch["rope_positions"][..., 1] != batch["rope_positions"][..., 2])
+  # the contract: π_old (recomputed with the images and M-RoPE) equals the sampler's log-probs
+  keep = batch["loss_mask"] > 0
+  np.testing.assert_allclose(old[keep], batch["sampler_logprobs"][keep], rtol=0, atol=1e-4)
