@@ -402,10 +402,12 @@ class RLTrainer:
     if self.procs > 1:  # an equal share per process: the last prompt repeats to fill the last share
       per = -(-len(idx) // self.procs)
       idx = (idx + idx[-1:] * (per * self.procs - len(idx)))[self.pid * per:(self.pid + 1) * per]
+    prompts = self.heldout_prompts
+    images = [prompts.images(i) for i in idx] if prompts.has_images else None  # a VLM's held-out images
     out = self._sampler_for(step).generate(
-        [self.heldout_prompts.ids[i].tolist() for i in idx], n=ev.samples, max_new_tokens=self._eval_max_new(step),
+        [prompts.ids[i].tolist() for i in idx], n=ev.samples, max_new_tokens=self._eval_max_new(step),
         temperature=ev.temperature, top_p=self.cfg.rollout.top_p if ev.temperature else 1.0, seed=self.cfg.seed + 1,
-        stop_strings=self.cfg.rollout.stop_strings)
+        stop_strings=self.cfg.rollout.stop_strings, **({"images": images} if images else {}))
     return idx, out, ev
 
   def evaluate(self, step: int, *, temperature: float | None = None, samples: int | None = None,

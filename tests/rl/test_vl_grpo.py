@@ -23,7 +23,8 @@ STAGES = [{"start_step": 2, "max_new_tokens": 16, "n": 2}]  # the config's secon
 
 
 def _config(tmp_path) -> rl.RLConfig:
-  over = {"steps": 2, "rollout.context_schedule": STAGES, "out_dir": str(tmp_path / "run"), "tensorboard": False}
+  over = {"steps": 2, "rollout.context_schedule": STAGES, "eval.every": 2, "eval.prompts": 2,
+          "out_dir": str(tmp_path / "run"), "tensorboard": False}
   return config_lib.load(rl.RLConfig, CONFIG, [f"{k}={json.dumps(v)}" for k, v in over.items()])
 
 
@@ -57,6 +58,8 @@ def test_vision_r1_tiny_runs_both_ptst_stages_with_images(tmp_path):
     trainer.close()
   assert out["steps"] == 2
   history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  evals = [h for h in history if "eval/reward_mean" in h]
+  assert evals and all(h["eval/length_mean"] > 0 for h in evals)  # the held-out prompts are sampled with images
   history = [h for h in history if "loss" in h]
   assert [h["step"] for h in history] == [1, 2]
   n_image = models.ModelConfig.tiny_vl().vision.spatial_merge_size ** 2
