@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl import config as config_lib
-from jaxrl import data, models, rl
+from jaxrl import models, rl, sampling
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vision_r1_tiny.yaml"
 STAGES = [{"start_step": 2, "max_new_tokens": 16, "n": 2}]  # the config's second stage, reached at step 2
@@ -44,6 +44,7 @@ def test_vision_r1_tiny_runs_both_ptst_stages_with_images(tmp_path):
   seen, update = [], trainer.update
 
   def spy(rollout, step):
+    assert isinstance(trainer.sampler, sampling.Engine) and trainer.sampler.compile_counts["embed"] >= 1  # the tower
     packed = trainer.pack(rollout, step)[0]  # one PackedBatch per mini-batch
     batches = [pb.interleaved() for pb in packed]
     olds = [np.asarray(trainer._forward(trainer.state.params, trainer._device(b), pb.shape[0]))  # the π_old program
