@@ -15,8 +15,6 @@ from jaxrl.eval._vlrl_io import image_part, markdown_table, ordered_map, public,
 
 __all__ = ["CurateConfig", "curate_questions", "curate_file"]
 
-QUESTION_TEMPLATE = "Question: {question}\nOptions:\n{options}\n\nReply with the letter of one option."
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CurateConfig:
@@ -30,7 +28,7 @@ class CurateConfig:
   temperature: float = 0.6
   max_tokens: int = 8
   seed: int = 0
-  template: str = QUESTION_TEMPLATE
+  template: str = rewards.CAPRL_QUESTION_TEMPLATE
   workers: int = 8
 
 

@@ -22,6 +22,7 @@ from jaxrl.rewards._autorubric import (
 from jaxrl.rewards._answerer import ChatFn, as_chat
 from jaxrl.rewards._base import RewardFn, RewardResult, RewardValueError, coerce_reward, load_reward
 from jaxrl.rewards._caprl import (
+  CAPRL_QUESTION_TEMPLATE,
   CapRLConfig,
   MCQuestion,
   caprl_reward,
@@ -133,6 +134,7 @@ __all__ = [
   "SELF_PRAISE_PATTERNS",
   "SEVERITY_WEIGHTS",
   "as_chat",
+  "CAPRL_QUESTION_TEMPLATE",
   "caprl_reward",
   "caption_monitor",
   "first_option_letter",

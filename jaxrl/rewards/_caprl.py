@@ -34,7 +34,7 @@ __all__ = ["CapRLConfig", "MCQuestion", "caprl_reward", "first_option_letter", "
 CAPTION_TEMPLATE = ("Answer the multiple-choice question about an image. You cannot see the image; use only its "
                     "description.\n\nDescription:\n{caption}\n\nQuestion: {question}\nOptions:\n{options}\n\n"
                     "Reply with the letter of one option.")
-QUESTION_TEMPLATE = "Question: {question}\nOptions:\n{options}\n\nReply with the letter of one option."
+CAPRL_QUESTION_TEMPLATE = "Question: {question}\nOptions:\n{options}\n\nReply with the letter of one option."
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
