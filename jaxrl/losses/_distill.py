@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl.losses._aggregate import loss_weights as _loss_weights
+from jaxrl.losses._logprobs import map_token_chunks
 
 __all__ = ["generalized_jsd", "generalized_jsd_loss", "reverse_kl_advantages", "token_generalized_jsd"]
 
@@ -159,13 +160,6 @@ def token_generalized_jsd(
   _check(beta, temperature)
   if chunk_size < 1:
     raise ValueError(f"token_generalized_jsd: chunk_size must be >= 1, got {chunk_size!r}")
-  b, t, d = student_hidden.shape
-  n = b * t
-  chunk = min(chunk_size, n)
-  num_chunks = -(-n // chunk)
-  pad = num_chunks * chunk - n
-  flat = lambda h: jnp.pad(h.reshape(n, h.shape[-1]), ((0, pad), (0, 0))).reshape(num_chunks, chunk, h.shape[-1])
-  hs, ht = flat(student_hidden), flat(jax.lax.stop_gradient(teacher_hidden))  # [C, t, D], [C, t, D']
   wt = jax.lax.stop_gradient(teacher_unembed)
   acc = jnp.promote_types(student_hidden.dtype, jnp.float32)  # float32 accumulation (float64 stays)
 
@@ -176,11 +170,7 @@ def token_generalized_jsd(
     return generalized_jsd(s, te, beta=beta, temperature=temperature)
 
   with jax.named_scope("token_generalized_jsd"):
-    if num_chunks == 1:
-      out = one_chunk((hs[0], ht[0]))[None]
-    else:
-      out = jax.lax.map(jax.checkpoint(one_chunk), (hs, ht))  # [C, t]
-  return out.reshape(-1)[:n].reshape(b, t)
+    return map_token_chunks(one_chunk, (student_hidden, jax.lax.stop_gradient(teacher_hidden)), chunk_size)
 
 
 def reverse_kl_advantages(

@@ -96,13 +96,6 @@ def token_logprobs(
   _check_temperature(temperature)
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
-  b, t, d = hidden.shape
-  n = b * t
-  chunk = min(chunk_size, n)
-  num_chunks = -(-n // chunk)
-  pad = num_chunks * chunk - n
-  h = jnp.pad(hidden.reshape(n, d), ((0, pad), (0, 0))).reshape(num_chunks, chunk, d)  # [C, t, D]
-  y = jnp.pad(targets.reshape(n), (0, pad)).reshape(num_chunks, chunk)  # [C, t]
 
   def one_chunk(args):
     hc, yc = args  # [t, D], [t]
@@ -110,14 +103,34 @@ def token_logprobs(
     return _logprobs_entropy(logits, yc, temperature)
 
   with jax.named_scope("token_logprobs"):
-    if num_chunks == 1:  # the chunk *is* every token: storing its logits costs no more than recomputing them
-      logp, entropy = jax.tree.map(lambda x: x[None], one_chunk((h[0], y[0])))  # [1, t] each
-    else:
-      logp, entropy = jax.lax.map(jax.checkpoint(one_chunk), (h, y))  # [C, t] each
-  logp = logp.reshape(-1)[:n].reshape(b, t)
+    logp, entropy = map_token_chunks(one_chunk, (hidden, targets), chunk_size)  # [B, T] each
   if not return_entropy:
     return logp
-  return logp, entropy.reshape(-1)[:n].reshape(b, t)
+  return logp, entropy
+
+
+def map_token_chunks(fn, arrays: tuple[jax.Array, ...], chunk_size: int):
+  """``fn`` over chunks of ``chunk_size`` tokens of ``arrays`` (each ``[B, T, ...]``, flattened to tokens and
+  zero-padded to whole chunks); ``fn`` maps a tuple of ``[t, ...]`` chunks to a pytree of ``[t]`` arrays, and
+  the result is that pytree at ``[B, T]``. Several chunks run under ``lax.map`` with each chunk
+  rematerialised (only one chunk's ``[t, V]`` logits live at a time); a single chunk *is* every token, so
+  storing its logits costs no more than recomputing them and it runs directly."""
+  b, t = arrays[0].shape[:2]
+  n = b * t
+  chunk = min(chunk_size, n)
+  num_chunks = -(-n // chunk)
+  pad = num_chunks * chunk - n
+
+  def split(x):  # [B, T, ...] -> [C, t, ...]
+    x = x.reshape(n, *x.shape[2:])
+    return jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1)).reshape(num_chunks, chunk, *x.shape[1:])
+
+  chunks = tuple(split(x) for x in arrays)
+  if num_chunks == 1:
+    out = jax.tree.map(lambda x: x[None], fn(tuple(c[0] for c in chunks)))  # [1, t] each
+  else:
+    out = jax.lax.map(jax.checkpoint(fn), chunks)  # [C, t] each
+  return jax.tree.map(lambda x: x.reshape(-1)[:n].reshape(b, t), out)
 
 
 __all__ = ["logprobs_from_logits", "token_logprobs"]
