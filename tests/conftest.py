@@ -1,6 +1,8 @@
 """Test set-up: 8 fake CPU devices, configured before JAX initialises."""
 
+import importlib.util
 import os
+import pathlib
 import tempfile
 
 os.environ["XLA_FLAGS"] = " ".join(
@@ -41,3 +43,22 @@ def pytest_sessionstart(session):
   dups = {name: paths for name, paths in seen.items() if len(paths) > 1}
   if dups:
     raise pytest.UsageError(f"test file basenames must be unique under tests/: {dups}")
+
+
+def _load_fixture_digest():
+  """tests/fixtures/fixture_digest.py, loaded by path (tests/fixtures is not on sys.path)."""
+  path = pathlib.Path(__file__).parent / "fixtures" / "fixture_digest.py"
+  spec = importlib.util.spec_from_file_location("fixture_digest", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def source_digest():
+  """``source_digest(script_path)``: the digest a recorded fixture stores for the script that wrote it
+  (tests/fixtures/fixture_digest.py); a test compares it to refuse results written by other code."""
+  return _load_fixture_digest().source_digest

@@ -4,9 +4,6 @@ hidden-state form against the logits form; the reverse-KL advantage against nump
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,19 +12,6 @@ from jax import enable_x64
 
 from jaxrl import losses
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "preference_trl.npz"
-
-
-@pytest.fixture(scope="module")
-def trl():
-  spec = importlib.util.spec_from_file_location("fixture_digest", FIXTURES.parent / "fixture_digest.py")
-  digest = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(digest)
-  data = dict(np.load(FIXTURES))
-  script = FIXTURES.parent / "make_preference_fixtures.py"
-  assert str(data["source_sha256"]) == digest.source_digest(script), f"{FIXTURES.name} is stale: regenerate it"
-  assert str(data["trl_version"]) == "0.19.1"
-  return data
 
 
 def _np_jsd(s, t, beta, temp):

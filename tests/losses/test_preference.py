@@ -3,8 +3,6 @@ by hand, and parity with TRL 0.19.1 (fixtures from tests/fixtures/make_preferenc
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,6 @@ from jax import enable_x64
 
 from jaxrl import data, losses
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "preference_trl.npz"
 B = 16
 
 
@@ -325,21 +322,7 @@ def test_sequence_logps_global_segment_ids_without_map():
 
 
 # ---------------------------------------------------------------------------------------------
-# Parity with TRL 0.19.1 (tests/fixtures/make_preference_fixtures.py, float64).
-
-
-@pytest.fixture(scope="module")
-def trl():
-  spec = importlib.util.spec_from_file_location("fixture_digest", FIXTURES.parent / "fixture_digest.py")
-  digest = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(digest)
-  data = dict(np.load(FIXTURES))
-  script = FIXTURES.parent / "make_preference_fixtures.py"
-  assert str(data["source_sha256"]) == digest.source_digest(script), (
-      f"{FIXTURES.name} was written by another version of {script.name}: regenerate it "
-      "(its docstring says how)")
-  assert str(data["trl_version"]) == "0.19.1"
-  return data
+# Parity with TRL 0.19.1 (tests/fixtures/make_preference_fixtures.py, float64; the `trl` fixture is in tests/losses/conftest.py).
 
 
 def _ours(name, args, **opts):

@@ -1,6 +1,5 @@
 """Hugging Face interop: fixture logits, save/load round trips, transformers loading, bad inputs."""
 
-import importlib.util
 import json
 import shutil
 
@@ -134,14 +133,11 @@ def test_saved_directory_is_read_by_transformers(fixture_models, tmp_path):
   assert json.loads((tmp_path / "generation_config.json").read_text())["do_sample"] is False
 
 
-def test_transformers_loads_jaxrl_checkpoints_to_identical_logits():
+def test_transformers_loads_jaxrl_checkpoints_to_identical_logits(source_digest):
   """Recorded by tests/fixtures/make_hf_fixtures.py, which has torch: jaxrl save -> HF from_pretrained."""
   meta = json.loads((HF_FIXTURES / "jaxrl_to_hf.json").read_text())
   script = HF_FIXTURES.parent / "make_hf_fixtures.py"
-  spec = importlib.util.spec_from_file_location("fixture_digest", HF_FIXTURES.parent / "fixture_digest.py")
-  digest = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(digest)
-  assert meta.get("source_sha256") == digest.source_digest(script), (
+  assert meta.get("source_sha256") == source_digest(script), (
       f"{HF_FIXTURES / 'jaxrl_to_hf.json'} was written by another version of {script.name}: regenerate it "
       "(the script's docstring says how)")
   results = meta["results"]
