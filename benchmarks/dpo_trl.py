@@ -26,6 +26,8 @@ class Worker:
     import trl
 
     torch.manual_seed(0)
+    if os.environ.get("JAXRL_BENCH_TORCH_FTZ") == "1":  # flush denormals to zero, as XLA's CPU code does
+      torch.set_flush_denormal(True)
     with open(pairs_file) as f:
       records = [json.loads(line) for line in f]
     ds = datasets.Dataset.from_list(records)  # one epoch (all pairs) per step: the same pairs as jaxrl's
