@@ -7,6 +7,7 @@ Layer (docs/design.md): may import ``envs``, ``rl`` and the layers below (``jaxr
 not ``cli``.
 """
 
+from jaxrl.plan._distill import teacher_programs
 from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs, recipe_budgets
 from jaxrl.plan._measure import Plan, Row, collective_bytes, measure_programs
 from jaxrl.plan._plan import advice, format_plan, load_recipe, main, plan_recipe, plan_targets
@@ -45,6 +46,7 @@ __all__ = [
     "plan_targets",
     "register_programs",
     "runs_tower",
+    "teacher_programs",
     "train_batch",
     "vision_batch",
     "vision_bucket",

@@ -1,4 +1,5 @@
-"""``jaxrl plan`` on preference recipes (``jaxrl dpo``): the pair train step and the reference log-prob program.
+"""``jaxrl plan`` on preference recipes (``jaxrl dpo``: the pair train step and the reference log-prob program) and
+on a ``distill:`` section (the teacher's log-prob program).
 
 The real-size recipe (configs/dpo_qwen2p5_7b.yaml) fits both of its targets from shapes here; its compiled
 full-depth plan (about 40 s of CPU on h100x8 and 90 s on v5p-8, over this file's time budget) and its numbers
@@ -61,3 +62,18 @@ def test_dpo_7b_recipe_fits_its_targets_from_shapes(target):
     assert r.status == "ok" and r.headroom >= 0.10, plan.format_plan(result)
   step = next(r for r in result.rows if r.program == "train_step")
   np.testing.assert_allclose(step.params, (4 + 2) * n_params / devices, rtol=0.02)  # f32 policy + bf16 reference
+
+
+def test_distill_teacher_logprob_program_is_planned_on_the_trainer_mesh():
+  """configs/distill_tiny.yaml (reverse_kl): one ``logprobs_teacher`` row, compiled, whose params are the teacher's
+  weights in its compute dtype (float32 here, replicated on the data-parallel CPU mesh), not the student's;
+  under ``distill.mode=gkd`` (the teacher runs inside the train step) no such row."""
+  cfg = plan.load_recipe(str(CONFIGS / "distill_tiny.yaml"))
+  result = plan.plan_recipe(cfg, "cpu", attention="reference", programs=("teacher",))
+  assert [r.program for r in result.rows] == ["logprobs_teacher[s0]"]
+  row = result.rows[0]
+  teacher, student = cfg.distill.teacher.config(), cfg.model.config()
+  assert teacher.num_params() != student.num_params()
+  assert row.status == "ok" and row.params == pytest.approx(4 * teacher.num_params(), rel=1e-3)
+  gkd = plan.load_recipe(str(CONFIGS / "distill_tiny.yaml"), ["distill.mode=gkd"])
+  assert plan.plan_recipe(gkd, "cpu", attention="reference", programs=("teacher",), compile=False).rows == []
