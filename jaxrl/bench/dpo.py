@@ -49,7 +49,8 @@ TRL_WORKER = BENCHMARKS / "dpo_trl.py"
 SETTINGS = {
     "loss": "sigmoid (DPO)",
     "beta": BETA,
-    "reference": "frozen copy of the initial weights, recomputed every step (jaxrl reference: model; TRL ref_model=None)",
+    "reference": ("frozen copy of the initial weights, recomputed every step (jaxrl reference: model; "
+                  "TRL ref_model=None)"),
     "dtype": "float32 (weights, compute, reference)",
     "gradient checkpointing": "off in both",
     "micro-batch": "all pairs in one micro-batch (no accumulation)",

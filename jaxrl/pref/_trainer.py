@@ -72,7 +72,8 @@ class PrefLoss(train.ChunkedLoss):
       raise ValueError(f"loss.name must be one of {sorted(losses.PREFERENCE_LOSSES) + [BRADLEY_TERRY, KTO]}, "
                        f"got {self.name!r}")
     if (self.desirable_weight, self.undesirable_weight) != (1.0, 1.0) and self.name != KTO:
-      raise ValueError(f"loss.desirable_weight / loss.undesirable_weight apply to loss.name: kto only, not {self.name!r}")
+      raise ValueError("loss.desirable_weight / loss.undesirable_weight apply to loss.name: kto only, "
+                       f"not {self.name!r}")
     if self.desirable_weight <= 0 or self.undesirable_weight <= 0:
       raise ValueError(f"loss.desirable_weight and loss.undesirable_weight must be > 0, got "
                        f"{self.desirable_weight} and {self.undesirable_weight}")

@@ -97,8 +97,9 @@ def test_kl_sequence_is_the_prompt_with_the_previous_records_completion(stepped)
     np.testing.assert_array_equal(kl["tokens"][:n_prompt], units[j].chosen["tokens"][:n_prompt])
 
 
-@pytest.mark.parametrize("line, reason", [('{"prompt": "a", "completion": "b", "label": "yes"}', "'label' must be true or false"),
-                                          ('{"prompt": "a", "label": true}', "missing field(s) ['completion']")])
+@pytest.mark.parametrize("line, reason", [
+    ('{"prompt": "a", "completion": "b", "label": "yes"}', "'label' must be true or false"),
+    ('{"prompt": "a", "label": true}', "missing field(s) ['completion']")])
 def test_bad_single_is_one_line_error_with_file_and_line(tmp_path, line, reason):
   path = tmp_path / "bad.jsonl"
   path.write_text('{"prompt": "a", "completion": "b", "label": true}\n' + line + "\n")
