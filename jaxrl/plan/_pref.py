@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrl import config as config_lib
 from jaxrl import models, pref, sharding, train
 from jaxrl.plan._measure import Plan, build_mesh_shape, measure_programs, platform_attention
-from jaxrl.plan._programs import Program, _state_shardings, abstract, reference_params
+from jaxrl.plan._programs import Program, _state_shardings, abstract
 from jaxrl.plan._progress import Progress
 from jaxrl.rl import PlanSection
 from jaxrl.targets import get_target
@@ -88,7 +88,7 @@ def pref_programs(cfg: pref.DPOConfig, devices, mc: models.ModelConfig, names: t
       skipped=abstract(shape.skipped, replicated))
   batch = _pair_batch(cfg, mesh, rules)
   reference = {"model": "copy", "precompute": "batch", "none": "none"}[cfg.reference]
-  ref_copy = reference_params(_RefContext(mc, params)) if reference != "none" else None
+  ref_copy = _reference_copy(params, mc.dtype) if reference != "none" else None
   ref_inputs = (ref_copy,) if reference == "copy" else ()
   tokens = cfg.packing.global_rows * cfg.packing.seq_len
   fwd = mc.flops_per_token(cfg.packing.seq_len, training=False) * tokens
@@ -115,12 +115,10 @@ def pref_programs(cfg: pref.DPOConfig, devices, mc: models.ModelConfig, names: t
   return out
 
 
-@dataclasses.dataclass
-class _RefContext:
-  """What :func:`jaxrl.plan._programs.reference_params` reads of a context."""
-
-  model_cfg: models.ModelConfig
-  params: object
+def _reference_copy(params, dtype):
+  """The frozen reference ``DPOTrainer`` keeps: a compute-dtype copy of the parameters, same shardings."""
+  shape = jax.eval_shape(lambda p: models.cast_params(p, dtype, copy=True), params)
+  return abstract(shape, jax.tree.map(lambda p: p.sharding, params))
 
 
 def _pair_batch(cfg: pref.DPOConfig, mesh, rules) -> dict[str, jax.ShapeDtypeStruct]:
