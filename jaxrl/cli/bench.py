@@ -16,6 +16,7 @@ BENCHES = {
     "precision": "jaxrl.bench.precision",
     "rl": "jaxrl.bench.rl",
     "rl-async": "jaxrl.bench.rl_async",
+    "dpo": "jaxrl.bench.dpo",
     "judge": "jaxrl.bench.judge",
     "device": "jaxrl.bench.device",
 }

@@ -7,15 +7,18 @@ Layer (docs/design.md): may import ``envs``, ``rl`` and the layers below (``jaxr
 not ``cli``.
 """
 
+from jaxrl.plan._distill import teacher_programs
 from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs, recipe_budgets
 from jaxrl.plan._measure import Plan, Row, collective_bytes, measure_programs
-from jaxrl.plan._plan import advice, format_plan, load_recipe, main, plan_recipe
+from jaxrl.plan._plan import advice, format_plan, load_recipe, main, plan_recipe, plan_targets
+from jaxrl.plan._pref import PREF_PROGRAMS, plan_pref
 from jaxrl.plan._programs import (PROGRAMS, PlanContext, Program, build_context, device_bytes, image_bucket, micro_batches,
                                   register_programs, train_batch)
 from jaxrl.plan._vision import patches_per_image, runs_tower, vision_batch, vision_bucket
 from jaxrl.targets import TARGETS, Target, TargetUnavailable, get_target
 
 __all__ = [
+    "PREF_PROGRAMS",
     "PROGRAMS",
     "TARGETS",
     "Plan",
@@ -38,9 +41,12 @@ __all__ = [
     "main",
     "micro_batches",
     "patches_per_image",
+    "plan_pref",
     "plan_recipe",
+    "plan_targets",
     "register_programs",
     "runs_tower",
+    "teacher_programs",
     "train_batch",
     "vision_batch",
     "vision_bucket",

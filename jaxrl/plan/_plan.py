@@ -23,15 +23,20 @@ from jaxrl.plan._async import plan_async
 from jaxrl.plan._engine import budgets
 from jaxrl.plan._measure import Plan, Row, build_mesh_shape, gib, measure_programs, model_config
 from jaxrl.plan._measure import platform_attention, program_names, stage_programs
+from jaxrl.plan._pref import is_pref_recipe, load_pref_recipe, plan_pref, plan_section
 from jaxrl.plan._programs import build_context
 from jaxrl.plan._progress import Progress
+from jaxrl.pref import DPOConfig
 from jaxrl.rl import RLConfig
 from jaxrl.targets import TARGETS, TargetUnavailable, get_target
 
 
 def load_recipe(path: str | None, overrides=(), *, target: str | None = None):
   """The recipe at ``path``; with ``target``, its ``plan.overrides[target]`` applied before ``overrides``
-  (what ``jaxrl plan --target`` and ``jaxrl rl --target`` run)."""
+  (what ``jaxrl plan --target`` and ``jaxrl rl --target`` run). A preference recipe (a top-level ``pairs:``
+  key) loads as :class:`jaxrl.pref.DPOConfig`."""
+  if is_pref_recipe(path):
+    return load_pref_recipe(path, overrides, target=target)
   cfg = config_lib.load(RLConfig, path, list(overrides))
   if target is not None and cfg.plan.overrides.get(target):
     cfg = config_lib.load(RLConfig, path, [*cfg.plan.for_target(target), *overrides])
@@ -49,6 +54,9 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
   ``verbose`` (or a ``progress``): progress lines on stderr for every phase and compile.
   """
   progress = progress or Progress(enabled=verbose)
+  if isinstance(cfg, DPOConfig):  # a preference recipe: its pair step and reference programs
+    return plan_pref(cfg, target_name, attention=attention, layers=layers, programs=programs, recipe=recipe,
+                     progress=progress, compile=compile)
   if getattr(cfg, "asynchronous", None) is not None:  # two sub-meshes, each planned on its own devices
     return plan_async(cfg, target_name, attention=attention, layers=layers, programs=programs, stages=stages,
                       recipe=recipe, progress=progress, compile=compile)
@@ -81,6 +89,11 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
   return Plan(recipe=recipe, target=target.name, mesh=mesh, attention=attention, layers=full.num_layers,
               compiled_layers=compiled, rows=rows, platform=target.platform, engine=engine,
               variant=dict(cfg.plan.overrides.get(target.name, {})))
+
+
+def plan_targets(cfg) -> tuple[str, ...]:
+  """The recipe's ``plan.targets`` (an RL or a preference recipe)."""
+  return plan_section(cfg).targets if isinstance(cfg, DPOConfig) else cfg.plan.targets
 
 
 def format_plan(plan: Plan) -> str:
@@ -175,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
   _cpu_backend()
   try:
     cfg = load_recipe(ns.config, ns.overrides)
-    targets = [ns.target] if ns.target else list(cfg.plan.targets)
+    targets = [ns.target] if ns.target else list(plan_targets(cfg))
     if not targets:
       raise ValueError(f"{ns.config}: give --target or set plan.targets in the recipe")
     if any(get_target(t).platform != "cpu" for t in targets):

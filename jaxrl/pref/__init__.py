@@ -5,6 +5,7 @@ Layer (docs/design.md): may import ``train`` and the layers below; not ``rl``, `
 """
 
 from jaxrl.pref._data import (
+    KTO_KEYS,
     PAIR_KEYS,
     Pair,
     PairStream,
@@ -15,6 +16,7 @@ from jaxrl.pref._data import (
     pack_sequences,
     pair_batch,
     pair_messages,
+    read_kto_units,
     read_pairs,
     write_builtin_pairs,
 )
@@ -29,6 +31,7 @@ from jaxrl.pref._rm import (
 )
 from jaxrl.pref._trainer import (
     BRADLEY_TERRY,
+    KTO,
     DPOConfig,
     DPOTrainer,
     PairPacking,
@@ -44,6 +47,8 @@ from jaxrl.pref._trainer import (
 
 __all__ = [
     "BRADLEY_TERRY",
+    "KTO",
+    "KTO_KEYS",
     "PAIR_KEYS",
     "REWARD_HEAD_FILE",
     "RewardModel",
@@ -68,6 +73,7 @@ __all__ = [
     "pair_messages",
     "pref_loss_fn",
     "pref_prepare",
+    "read_kto_units",
     "read_pairs",
     "reference_logps",
     "reward_model_score",

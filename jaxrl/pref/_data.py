@@ -30,12 +30,15 @@ PAIR_KEYS = ("tokens", "targets", "positions", "segment_ids", "loss_mask", "seq_
 @dataclasses.dataclass(frozen=True)
 class Pair:
   """One tokenised pair: the chosen and rejected sequences (``tokens``, ``loss_mask`` [L] each) and the
-  record's optional ``margin`` (the Bradley–Terry margin ``m``; 0 when absent)."""
+  record's optional ``margin`` (the Bradley–Terry margin ``m``; 0 when absent). A KTO unit
+  (:func:`read_kto_units`) is a pair too: ``chosen`` the labelled completion, ``rejected`` its KL sequence,
+  ``desirable`` the label."""
 
   chosen: dict[str, np.ndarray]
   rejected: dict[str, np.ndarray]
   where: str
   margin: float = 0.0
+  desirable: bool = True
 
 
 def _messages(value: Any, role: str, field: str) -> list[dict[str, Any]]:
@@ -112,6 +115,63 @@ def read_pairs(paths: tuple[str, ...], tokenizer) -> list[Pair]:
           raise data_lib.DataError(f"{where}: malformed JSON ({e.msg})", reason="malformed JSON") from None
         pairs.append(encode_pair(tokenizer, record, where))
   return pairs
+
+
+KTO_KEYS = ("prompt", "completion", "label")
+"""The fields of a KTO record (a labelled single)."""
+
+
+def read_kto_units(paths: tuple[str, ...], tokenizer) -> list[Pair]:
+  """KTO's labelled singles ``{"prompt", "completion", "label": true/false}`` of the JSONL ``paths`` as units:
+  :class:`Pair` ``(chosen = prompt + completion, rejected = the KL sequence, desirable = label)``. The KL
+  sequence of record ``j`` is its prompt with the completion of record ``j - 1`` (file order, cyclic): the
+  mismatched pairs from which KTO estimates ``KL(π || π_ref)`` (TRL's ``_get_kl_dataset`` rotates the
+  completions by one inside each batch instead; both pair a prompt with another example's completion).
+
+  Raises:
+    DataError: ``file:line: reason`` for the first line that is not a valid single; fewer than 2 records.
+  """
+  records, wheres = [], []
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        where = f"{path}:{n}"
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise data_lib.DataError(f"{where}: malformed JSON ({e.msg})", reason="malformed JSON") from None
+        _check_single(record, where)
+        records.append(record)
+        wheres.append(where)
+  if len(records) == 1:
+    raise data_lib.DataError(f"{wheres[0]}: KTO needs at least 2 records (the KL estimate pairs a prompt with "
+                             "another record's completion)", reason="no data")
+  units = []
+  for j, (record, where) in enumerate(zip(records, wheres)):
+    other = records[j - 1]["completion"]
+    try:
+      seq, kl = (data_lib.encode_chat(tokenizer, answer_messages(record["prompt"], c))
+                 for c in (record["completion"], other))
+    except data_lib.DataError as e:
+      raise data_lib.DataError(f"{where}: {e}", reason=e.reason) from None
+    keep = ("tokens", "loss_mask")
+    units.append(Pair({k: seq[k] for k in keep}, {k: kl[k] for k in keep}, where, desirable=record["label"]))
+  return units
+
+
+def _check_single(record: Any, where: str) -> None:
+  """A KTO record has ``prompt``, ``completion`` and a boolean ``label``; else a ``DataError`` naming ``where``."""
+  if not isinstance(record, dict):
+    raise data_lib.DataError(f"{where}: record must be a JSON object, got {type(record).__name__}",
+                             reason="not a JSON object")
+  missing = [k for k in KTO_KEYS if k not in record]
+  if missing:
+    raise data_lib.DataError(f"{where}: missing field(s) {missing}; a KTO record needs 'prompt', 'completion' and "
+                             "'label'", reason="missing field")
+  if not isinstance(record["label"], bool):
+    raise data_lib.DataError(f"{where}: 'label' must be true or false, got {record['label']!r}", reason="wrong type")
 
 
 def _wrong_answer(rng: np.random.Generator, numbers: list[int], ops: list[str], value: int) -> str:
@@ -203,6 +263,7 @@ def pack_pairs(pairs: list[Pair], *, rows: int, seq_len: int, method: str, pad_i
   out["chosen_lengths"] = np.asarray(scored[0::2], np.float32)
   out["rejected_lengths"] = np.asarray(scored[1::2], np.float32)
   out["margins"] = np.asarray([p.margin for p in pairs], np.float32)
+  out["desirable"] = np.asarray([p.desirable for p in pairs], np.float32)
   return out
 
 

@@ -28,7 +28,7 @@ from flax import nnx
 
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
-from jaxrl.pref._data import Pair, PairStream, pair_batch, read_pairs, write_builtin_pairs
+from jaxrl.pref._data import Pair, PairStream, pair_batch, read_kto_units, read_pairs, write_builtin_pairs
 from jaxrl.pref._rm import export_reward_model, sequence_scores
 
 
@@ -44,12 +44,16 @@ class PrefData(data_lib.TaskData):
 BRADLEY_TERRY = "bradley_terry"
 """``loss.name`` of reward-model training (module docstring)."""
 
+KTO = "kto"
+"""``loss.name`` of KTO on labelled singles (:func:`jaxrl.pref.read_kto_units`, :func:`jaxrl.losses.kto_loss`)."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PrefLoss(train.ChunkedLoss):
   name: str = "sigmoid"
-  ("A name of jaxrl.losses.PREFERENCE_LOSSES: sigmoid (DPO), robust, ipo, hinge, simpo, orpo; or bradley_terry: "
-   "train a reward model (trunk + scalar head, jaxrl.losses.bradley_terry_loss).")
+  ("A name of jaxrl.losses.PREFERENCE_LOSSES: sigmoid (DPO), robust, ipo, hinge, simpo, orpo; kto: KTO on "
+   "labelled singles (jaxrl.losses.kto_loss); or bradley_terry: train a reward model (trunk + scalar head, "
+   "jaxrl.losses.bradley_terry_loss).")
   beta: float = 0.1
   "β of the DPO family (not used by bradley_terry)."
   label_smoothing: float = 0.0
@@ -58,11 +62,23 @@ class PrefLoss(train.ChunkedLoss):
   "SimPO's target margin."
   center_coef: float = 0.0
   "bradley_terry: λ of the centring term λ·(r_c + r_r)² (TRL's center_rewards_coefficient)."
+  desirable_weight: float = 1.0
+  "kto: λ_D, the weight of desirable completions' losses."
+  undesirable_weight: float = 1.0
+  "kto: λ_U, the weight of undesirable completions' losses."
 
   def __post_init__(self):
-    if self.name != BRADLEY_TERRY and self.name not in losses.PREFERENCE_LOSSES:
-      raise ValueError(f"loss.name must be one of {sorted(losses.PREFERENCE_LOSSES) + [BRADLEY_TERRY]}, "
+    if self.name not in (BRADLEY_TERRY, KTO) and self.name not in losses.PREFERENCE_LOSSES:
+      raise ValueError(f"loss.name must be one of {sorted(losses.PREFERENCE_LOSSES) + [BRADLEY_TERRY, KTO]}, "
                        f"got {self.name!r}")
+    if (self.desirable_weight, self.undesirable_weight) != (1.0, 1.0) and self.name != KTO:
+      raise ValueError("loss.desirable_weight / loss.undesirable_weight apply to loss.name: kto only, "
+                       f"not {self.name!r}")
+    if self.desirable_weight <= 0 or self.undesirable_weight <= 0:
+      raise ValueError(f"loss.desirable_weight and loss.undesirable_weight must be > 0, got "
+                       f"{self.desirable_weight} and {self.undesirable_weight}")
+    if self.name == KTO and (self.label_smoothing or self.gamma):
+      raise ValueError("loss.label_smoothing and loss.gamma do not apply to loss.name: kto")
     if self.reward_model and (self.label_smoothing or self.gamma):
       raise ValueError("loss.label_smoothing and loss.gamma do not apply to loss.name: bradley_terry")
     if self.center_coef and not self.reward_model:
@@ -78,7 +94,7 @@ class PrefLoss(train.ChunkedLoss):
   @property
   def length_normalised(self) -> bool:
     """Whether the loss takes the completions' lengths (SimPO, ORPO)."""
-    return (not self.reward_model
+    return (not self.reward_model and self.name != KTO
             and "chosen_lengths" in inspect.signature(losses.PREFERENCE_LOSSES[self.name]).parameters)
 
 
@@ -118,9 +134,15 @@ class DPOConfig(train.TrainerConfig):
   lora: models.LoraConfig | None = None
   "Train LoRA adapters only; the base with adapters off is then the reference."
   out_dir: str = "runs/dpo"
+  plan: dict[str, Any] = dataclasses.field(default_factory=dict)
+  ("What ``jaxrl plan`` checks this recipe against: ``targets``, ``preset``, ``overrides`` as in an RL recipe "
+   "(docs/scaling.md); read and checked by ``jaxrl plan``, not by training.")
 
   def __post_init__(self):
     super().__post_init__()
+    unknown = set(self.plan) - {"targets", "preset", "overrides"}
+    if unknown:
+      raise ValueError(f"plan: unknown key(s) {sorted(unknown)}; known: targets, preset, overrides")
     if self.pairs < 1:
       raise ValueError(f"pairs must be >= 1, got {self.pairs}")
     if self.micro_batches < 1 or self.pairs % self.micro_batches or self.packing.global_rows % self.micro_batches:
@@ -135,6 +157,9 @@ class DPOConfig(train.TrainerConfig):
       if self.lora is not None:
         raise ValueError("loss.name: bradley_terry: LoRA is not supported for reward models yet; remove `lora:`")
       return
+    if self.loss.name == KTO and not self.data.train:
+      raise ValueError("loss.name: kto reads labelled singles: give data.train files of {prompt, completion, label} "
+                       "records (there is no built-in KTO data)")
     needs_ref = self.loss.name not in ("simpo", "orpo")
     if needs_ref and self.reference == "none":
       raise ValueError(f"loss {self.loss.name!r} needs a reference: reference must be 'model' or 'precompute'")
@@ -185,6 +210,9 @@ def pref_loss_fn(graphdef, loss_cfg: PrefLoss, reference: str):
         ref = jax.tree.map(jax.lax.stop_gradient, pair_logps(model, batch, loss_cfg.chunk_size))
     elif reference == "batch":
       ref = (batch["ref_chosen"], batch["ref_rejected"])
+    if loss_cfg.name == KTO:
+      per_pair, m = _kto(loss_cfg, batch, chosen, rejected, *ref)
+      return jnp.sum(batch["pair_weight"] * per_pair), _metric_sums(batch["pair_valid"], per_pair, m)
     lengths = {}
     if loss_cfg.length_normalised:
       lengths = {"chosen_lengths": batch["chosen_lengths"], "rejected_lengths": batch["rejected_lengths"]}
@@ -193,6 +221,21 @@ def pref_loss_fn(graphdef, loss_cfg: PrefLoss, reference: str):
                                          **lengths)  # [P]
     return jnp.sum(batch["pair_weight"] * per_pair), _metric_sums(batch["pair_valid"], per_pair, m)
   return loss_fn
+
+
+def _kto(loss_cfg: PrefLoss, batch, logps, kl_logps, ref_logps, kl_ref_logps):
+  """KTO per unit ``[P]`` (:func:`jaxrl.losses.kto_loss`) with ``z0`` from the batch's KL sequences
+  (:func:`jaxrl.losses.kto_kl_reference` over the valid units of this micro-batch), and the metrics
+  :func:`_metric_sums` reads: accuracy (the implicit reward ``β r`` has the label's sign), margin (``β r``
+  signed by the label), chosen / rejected reward (``β r`` of desirable / undesirable units, 0 on the others)."""
+  valid, desirable = batch["pair_valid"], batch["desirable"]  # [P]
+  z0 = losses.kto_kl_reference(kl_logps, kl_ref_logps, mask=valid)
+  per_unit, m = losses.kto_loss(logps, ref_logps, desirable > 0, beta=loss_cfg.beta,
+                                desirable_weight=loss_cfg.desirable_weight,
+                                undesirable_weight=loss_cfg.undesirable_weight, kl_ref=z0)  # [P]
+  r, sign = m["rewards"], 2.0 * desirable - 1.0
+  return per_unit, {"accuracy": (sign * r > 0).astype(jnp.float32), "margins": sign * r,
+                    "rewards_chosen": desirable * r, "rewards_rejected": (1.0 - desirable) * r}
 
 
 def rm_loss_fn(graphdef, loss_cfg: PrefLoss):
@@ -259,7 +302,8 @@ class DPOTrainer(train.PackedTrainer):
       train_path, heldout_path = write_builtin_pairs(out, cfg.data.builtin)
       train_paths, heldout_paths = (str(train_path),), (str(heldout_path),) if heldout_path else ()
     kept = []
-    for pairs in (read_pairs(train_paths, self.tokenizer), read_pairs(heldout_paths, self.tokenizer)):
+    read = read_kto_units if cfg.loss.name == KTO else read_pairs
+    for pairs in (read(train_paths, self.tokenizer), read(heldout_paths, self.tokenizer) if heldout_paths else []):
       fits = [p for p in pairs if max(len(p.chosen["tokens"]), len(p.rejected["tokens"])) <= cfg.packing.seq_len]
       long = [p.where for p in pairs if max(len(p.chosen["tokens"]), len(p.rejected["tokens"])) > cfg.packing.seq_len]
       self.skips.add(f"pair longer than packing.seq_len={cfg.packing.seq_len} dropped", count=len(long),
@@ -341,10 +385,15 @@ class DPOTrainer(train.PackedTrainer):
       arrays["ref_chosen"], arrays["ref_rejected"] = ref[:, 0].copy(), ref[:, 1].copy()
     return arrays
 
-  def _batch(self, indices: list[int]) -> dict[str, np.ndarray]:
-    """The global batch of the train pairs ``indices``."""
+  def batch(self, indices: list[int]) -> dict[str, np.ndarray]:
+    """The global batch (host arrays) of the train pairs ``indices``."""
     ref = self.ref_cache[indices] if self.ref_cache is not None else None
     return self._arrays([self.train_pairs[i] for i in indices], ref)
+
+  def update(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """One optimizer step on a global batch of :meth:`batch`; returns the step's metrics (device arrays)."""
+    self.state, metrics = self.step_fn(self.state, self._device_batch(arrays), *self.frozen, *self.ref_inputs)
+    return metrics
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """A global batch → global device arrays, each process feeding its own rows and pairs."""
@@ -420,10 +469,9 @@ class DPOTrainer(train.PackedTrainer):
     last_arrays: list[dict[str, np.ndarray]] = []
 
     def step(s: int):
-      arrays = self._batch(stream.take(cfg.pairs))
+      arrays = self.batch(stream.take(cfg.pairs))
       last_arrays[:] = [arrays]
-      self.state, metrics = self.step_fn(self.state, self._device_batch(arrays), *self.frozen, *self.ref_inputs)
-      return metrics
+      return self.update(arrays)
 
     def report(s: int, m, dt: float) -> None:
       if m is not None:

@@ -1,0 +1,79 @@
+"""``jaxrl plan`` on preference recipes (``jaxrl dpo``: the pair train step and the reference log-prob program) and
+on a ``distill:`` section (the teacher's log-prob program).
+
+The real-size recipe (configs/dpo_qwen2p5_7b.yaml) fits both of its targets from shapes here; its compiled
+full-depth plan (about 40 s of CPU on h100x8 and 90 s on v5p-8, over this file's time budget) and its numbers
+are in docs/scaling.md, "Preference recipes".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl import models, plan, pref
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+RECIPE = str(CONFIGS / "dpo_qwen2p5_7b.yaml")
+
+
+def _need(target: str):
+  try:
+    plan.get_target(target).compile_devices()
+  except plan.TargetUnavailable as e:
+    pytest.skip(f"compile-only devices unavailable: {e}")
+
+
+def test_tiny_dpo_recipe_compiles_and_accounts_its_inputs():
+  """configs/dpo_tiny.yaml on the CPU: both programs compile; the train step holds the float32 weights, Adam's
+  two moments and the reference's copy (float32 here); the batch is the rows plus the per-pair arrays."""
+  cfg = plan.load_recipe(str(CONFIGS / "dpo_tiny.yaml"))
+  assert isinstance(cfg, pref.DPOConfig)
+  result = plan.plan_recipe(cfg, "cpu", attention="reference")
+  rows = {r.program: r for r in result.rows}
+  assert set(rows) == {"train_step", "reference_logps"}
+  n_params = cfg.model.config().num_params()
+  step, ref = rows["train_step"], rows["reference_logps"]
+  assert step.status == ref.status == "ok"
+  assert step.params == pytest.approx(2 * 4 * n_params, rel=1e-3)  # policy + frozen copy, float32
+  assert step.opt_state == pytest.approx(2 * 4 * n_params, rel=1e-3)  # Adam's m and v
+  assert ref.params == pytest.approx(4 * n_params, rel=1e-3) and ref.opt_state == 0
+  devices = len(plan.get_target("cpu").compile_devices())  # rows and pairs split over them (data parallel)
+  rows_bytes = cfg.packing.global_rows * cfg.packing.seq_len * 4 * len(pref.PAIR_KEYS) // devices
+  per_pair = 5 * cfg.pairs * 4 // devices  # chosen/rejected lengths, margins, desirable, pair_valid
+  assert ref.batch == rows_bytes + per_pair, (ref.batch, rows_bytes, per_pair)
+  assert step.peak >= step.params + step.opt_state
+
+
+@pytest.mark.parametrize("target", ["v5p-8", "h100x8"])
+def test_dpo_7b_recipe_fits_its_targets_from_shapes(target):
+  """Inputs from shapes (float32 master weights and Adam moments, the bf16 reference copy, the batch) leave at
+  least 10 % of HBM on every device: a lower bound of the compiled peak (compiled: docs/scaling.md)."""
+  _need(target)
+  cfg = plan.load_recipe(RECIPE, target=target)
+  assert target in plan.plan_targets(cfg)
+  result = plan.plan_recipe(cfg, target, compile=False)
+  n_params = models.ModelConfig.qwen2p5_7b().num_params()
+  devices = len(plan.get_target(target).compile_devices())
+  for r in result.rows:
+    assert r.status == "ok" and r.headroom >= 0.10, plan.format_plan(result)
+  step = next(r for r in result.rows if r.program == "train_step")
+  np.testing.assert_allclose(step.params, (4 + 2) * n_params / devices, rtol=0.02)  # f32 policy + bf16 reference
+
+
+def test_distill_teacher_logprob_program_is_planned_on_the_trainer_mesh():
+  """configs/distill_tiny.yaml (reverse_kl): one ``logprobs_teacher`` row, compiled, whose params are the teacher's
+  weights in its compute dtype (float32 here, replicated on the data-parallel CPU mesh), not the student's;
+  under ``distill.mode=gkd`` (the teacher runs inside the train step) no such row."""
+  cfg = plan.load_recipe(str(CONFIGS / "distill_tiny.yaml"))
+  result = plan.plan_recipe(cfg, "cpu", attention="reference", programs=("teacher",))
+  assert [r.program for r in result.rows] == ["logprobs_teacher[s0]"]
+  row = result.rows[0]
+  teacher, student = cfg.distill.teacher.config(), cfg.model.config()
+  assert teacher.num_params() != student.num_params()
+  assert row.status == "ok" and row.params == pytest.approx(4 * teacher.num_params(), rel=1e-3)
+  gkd = plan.load_recipe(str(CONFIGS / "distill_tiny.yaml"), ["distill.mode=gkd"])
+  assert plan.plan_recipe(gkd, "cpu", attention="reference", programs=("teacher",), compile=False).rows == []
