@@ -8,6 +8,7 @@ model (adapters with B = 0, switched off, merged) for the invariants.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -37,15 +38,19 @@ def _digest() -> str:
   return module.source_digest(FIXTURES / "make_vl_peft_fixture.py")
 
 
-@pytest.fixture(scope="module", params=KINDS)
-def adapted(request):
-  """(kind, base model with the fixture's PEFT adapter loaded, reference batch, model inputs)."""
-  kind = request.param
+@functools.cache
+def _load(kind: str):
+  """(kind, base model with the fixture's PEFT adapter loaded, reference batch, model inputs), once per kind."""
   model = models.load_peft(models.load_pretrained(FIXTURES / "hf" / kind, dtype="float32"),
                            FIXTURES / "peft" / f"jaxrl_{kind}")
   ref = dict(np.load(FIXTURES / "hf" / kind / "reference.npz"))
   inputs, _ = _inputs(model, ref["input_ids"], ref["attention_mask"], ref["pixel_values"], ref["image_grid_thw"])
   return kind, model, ref, inputs
+
+
+@pytest.fixture(params=KINDS)
+def adapted(request):
+  return _load(request.param)
 
 
 def _logits(model, ref, inputs) -> np.ndarray:
@@ -77,11 +82,11 @@ def test_adapter_on_decoder_tower_and_merger_gives_the_peft_logits(adapted):
   assert _rel_to_peft(kind, _logits(nnx.merge(graphdef, no_tower, base), ref, inputs)) > 1e-2
 
 
-def test_save_peft_round_trip_keys_and_target_regex(adapted, tmp_path):
+def test_save_peft_round_trip_keys_and_target_regex(tmp_path):
   """save_peft writes transformers 5's module paths and a regex that names exactly the adapted modules; a looped
   (scan_layers=False) base reads the file back to the same logits; hub-style keys (``visual.*``,
   ``model.layers.*``) read too."""
-  kind, model, ref, inputs = adapted
+  kind, model, ref, inputs = _load("qwen2_5_vl")
   models.save_peft(model, tmp_path / "a")
   src = FIXTURES / "peft" / f"jaxrl_{kind}"
   ours = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))
@@ -103,10 +108,11 @@ def test_save_peft_round_trip_keys_and_target_regex(adapted, tmp_path):
   assert _rel_to_peft(kind, _logits(looped, ref, inputs)) <= 1e-4
 
 
-def test_merge_unmerge_switch_off_and_unstack_keep_the_tower_exact(adapted):
+def test_merge_unmerge_switch_off_and_unstack_keep_the_tower_exact():
   """merge_lora folds the tower's adapters too (same logits, once: no double count), lora_disabled runs the base
-  tower, unstack_layers of a merged model keeps them folded, unmerge_lora restores the adapter forward."""
-  kind, model, ref, inputs = adapted
+  tower, unstack_layers of a merged model keeps them folded, unmerge_lora restores the adapter forward (on
+  Qwen2-VL; its fc1/fc2 tower and Qwen2.5-VL's share the site code)."""
+  kind, model, ref, inputs = _load("qwen2_vl")
   want = _logits(model, ref, inputs)
   base = models.load_pretrained(FIXTURES / "hf" / kind, dtype="float32")
   with models.lora_disabled(model):
@@ -143,3 +149,38 @@ def test_vision_targets_select_modules_and_bad_ones_are_refused():
   assert hasattr(vlm.visual.blocks, "qkv_lora_a") and hasattr(vlm.visual.merger, "fc2_lora_b")
   assert not hasattr(vlm.visual.merger, "fc1_lora_a") and not hasattr(vlm.visual.blocks, "fc1_lora_a")
   assert not hasattr(vlm.layers.attn, "q_proj_lora_a")
+
+
+def test_sft_with_tower_adapters_trains_only_adapters_and_exports_them(tmp_path):
+  """`jaxrl sft` with `lora.vision_targets`: the optimizer holds adapters only (decoder, tower blocks, merger),
+  every base weight (the tower's included) stays bit-equal, the adapters' B leave zero, and the PEFT adapter
+  (save_peft, as the run's export) holds the tower's modules."""
+  tiny_vl = {"preset": "tiny_vl", "overrides": {"vocab_size": 128, "vision_start_token_id": 4,
+                                                 "vision_end_token_id": 5, "image_token_id": 6, "video_token_id": 7}}
+  base = {
+      "model": tiny_vl, "tokenizer": str(FIXTURES / "hf" / "qwen2_5_vl"),
+      "data": {"image_task": {"n_train": 32, "n_heldout": 2, "difficulty": 0, "image_size": 56, "seed": 0},
+               "num_patches": 32},
+      "packing": {"seq_len": 128, "global_rows": 8, "buffer_size": 8},
+      "optim": {"lr": 3e-3, "warmup_steps": 0}, "steps": 1, "eval": {"every": 0, "exact_match": 0},
+      "lora": {"rank": 2, "targets": "attn", "vision_targets": ["attn", "merger"]},
+      "out_dir": str(tmp_path / "run"), "export_hf": False, "tensorboard": False,
+  }
+  trainer = sft.SFTTrainer(config_lib.from_dict(sft.SFTConfig, base))
+  trained = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(trainer.state.params)}
+  assert trained and all(p.endswith(("_lora_a", "_lora_b")) for p in trained)
+  assert {"visual/blocks/qkv_lora_b", "visual/merger/fc1_lora_a", "layers/attn/q_proj_lora_b"} <= trained
+  assert not any("up_lora" in p or "gate_lora" in p for p in trained)  # the tower's MLP was not targeted
+  frozen = jax.tree.map(np.array, nnx.to_pure_dict(trainer.frozen[0]))
+  trainer.run()
+  for (path, before), after in zip(jax.tree_util.tree_leaves_with_path(frozen),
+                                   jax.tree.leaves(nnx.to_pure_dict(trainer.frozen[0]))):
+    np.testing.assert_array_equal(before, np.asarray(after), err_msg=jax.tree_util.keystr(path))
+  params = nnx.to_pure_dict(trainer.state.params)
+  for b in (params["visual"]["blocks"]["proj_lora_b"], params["visual"]["merger"]["fc2_lora_b"],
+            params["layers"]["attn"]["o_proj_lora_b"]):
+    assert np.abs(np.asarray(b)).max() > 0
+  models.save_peft(trainer.current_model(), tmp_path / "adapter")  # what the run's export writes
+  keys = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+  assert "base_model.model.model.visual.blocks.0.attn.qkv.lora_B.weight" in keys
+  assert "base_model.model.model.visual.merger.mlp.2.lora_A.weight" in keys
