@@ -73,6 +73,7 @@ from jaxrl.models._vision import (
     VisionLayout,
     VisionTower,
     batch_vision_inputs,
+    pad_patch_rows,
     stack_layouts,
     vision_layout,
 )
@@ -113,6 +114,7 @@ __all__ = [
     "VisionTower",
     "VISION_LAYOUT_KEYS",
     "batch_vision_inputs",
+    "pad_patch_rows",
     "stack_layouts",
     "decode_rope_positions",
     "mrope_axes",

@@ -44,6 +44,7 @@ from jaxrl.models._vision_layout import (  # noqa: F401 (re-exported)
     VisionInputs,
     VisionLayout,
     batch_vision_inputs,
+    pad_patch_rows,
     stack_layouts,
     vision_layout,
 )

@@ -170,3 +170,34 @@ def batch_vision_inputs(pixel_values, grid_thw, image_rows, cfg: VisionConfig) -
                      "images, in order")
   layouts = [vision_layout(grid[rows == r], cfg, num_patches=num_patches) for r in range(num_rows)]
   return VisionInputs(pixel_values, stack_layouts(layouts))
+
+
+def pad_patch_rows(arrays: Mapping[str, Any], num_patches: int, merge_size: int) -> dict[str, Any]:
+  """Per-row VL batch arrays with their patch bucket raised to ``num_patches`` (same values otherwise).
+
+  ``pixel_values [..., P, patch_dim]`` and ``rotary [..., P, 2]`` get zero patches, ``window_segments`` /
+  ``image_segments [..., P]`` segment 0 (padding), ``window_index [..., U]`` the padding units mapped to
+  themselves (``U..U'-1``): exactly what :func:`vision_layout` gives with the larger ``num_patches``, so the
+  tower's output on the real units is unchanged. Used where processes pack their own rows and must agree on
+  one bucket (every process compiles and feeds the same shapes). Other arrays pass through.
+  """
+  m2 = merge_size * merge_size
+  have = int(np.shape(arrays["window_segments"])[-1])
+  if num_patches < have or num_patches % m2:
+    raise ValueError(f"num_patches: {num_patches} must be a multiple of {m2} and >= the batch's bucket {have}")
+  out = dict(arrays)
+  if num_patches == have:
+    return out
+  extra = num_patches - have
+
+  def pad(x, axis: int):  # zeros appended on `axis` (counted from the end)
+    widths = [(0, 0)] * x.ndim
+    widths[x.ndim + axis] = (0, extra)
+    return np.pad(np.asarray(x), widths)
+
+  out["pixel_values"], out["rotary"] = pad(arrays["pixel_values"], -2), pad(arrays["rotary"], -2)
+  out["window_segments"], out["image_segments"] = pad(arrays["window_segments"], -1), pad(arrays["image_segments"], -1)
+  index = np.asarray(arrays["window_index"])  # [..., U]
+  tail = np.arange(have // m2, num_patches // m2, dtype=index.dtype)
+  out["window_index"] = np.concatenate([index, np.broadcast_to(tail, (*index.shape[:-1], len(tail)))], axis=-1)
+  return out
