@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from jaxrl import data as data_lib
 from jaxrl import models
 
 VISION = models.ModelConfig.tiny_vl().vision
@@ -34,3 +35,14 @@ def test_padding_the_bucket_equals_the_layout_at_that_bucket():
     models.pad_patch_rows(small, 32, VISION.spatial_merge_size)
   with pytest.raises(ValueError, match="num_patches: 66 must be a multiple of 4"):
     models.pad_patch_rows(small, 66, VISION.spatial_merge_size)
+
+
+def test_per_row_batches_sharded_over_processes_need_a_fixed_bucket():
+  """Each process's own ``min_patches * 2**k`` bucket would differ: sharded per-row VL batches are refused without
+  a fixed ``num_patches`` (jaxrl sft reads the global stream on every process, so its buckets agree)."""
+  records = data_lib.BuiltinImageTask(n_train=4, difficulty=0, image_size=56, seed=0).records("train")
+  cfg = models.ModelConfig.tiny_vl()
+  with pytest.raises(ValueError, match="vision.num_patches: set a fixed per-row bucket to shard batches over 2"):
+    data_lib.vl_batches(records, None, images=data_lib.ImageConfig(), model_config=cfg,
+                        packing=data_lib.PackingConfig(seq_len=64, global_rows=2),
+                        vision=data_lib.VisionPackingConfig(per_row=True), process_index=0, process_count=2)
