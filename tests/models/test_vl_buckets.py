@@ -1,5 +1,6 @@
-"""``models.pad_patch_rows``: raising a batch's per-row patch bucket equals laying it out at that bucket directly
-(``models.batch_vision_inputs``), for the SFT ``[R, P, ...]`` and the RL ``[M, R, P, ...]`` layouts."""
+"""Per-row VLM batch shapes: ``models.pad_patch_rows`` (raising the patch bucket equals laying rows out at that
+bucket directly, SFT ``[R, P, ...]`` and RL ``[M, R, P, ...]`` layouts), the fixed bucket sharded batches need, and
+``jaxrl plan``'s abstract VLM rows against the RL packer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl import data as data_lib
-from jaxrl import models
+from jaxrl import models, plan, rl
 
 VISION = models.ModelConfig.tiny_vl().vision
 
@@ -46,3 +47,21 @@ def test_per_row_batches_sharded_over_processes_need_a_fixed_bucket():
     data_lib.vl_batches(records, None, images=data_lib.ImageConfig(), model_config=cfg,
                         packing=data_lib.PackingConfig(seq_len=64, global_rows=2),
                         vision=data_lib.VisionPackingConfig(per_row=True), process_index=0, process_count=2)
+
+
+def test_plan_vision_batch_has_the_rl_packers_image_keys():
+  """``jaxrl plan``'s abstract VLM rows (``plan.vision_batch``) hold every image key the RL packer writes for a
+  VLM rollout (``rl.pack_sequences`` + ``interleaved``), ``image_token_mask`` included, with its shape and dtype."""
+  cfg = models.ModelConfig.tiny_vl()
+  rng = np.random.default_rng(0)
+  n = 8 + 16 // 4
+  seq = {"tokens": np.ones(n, np.int32), "targets": np.ones(n, np.int32), "loss_mask": np.ones(n, np.float32),
+         "rope_positions": np.zeros((n, 3), np.int32), "image_token_mask": np.zeros(n, np.int32),
+         "pixel_values": rng.normal(size=(16, cfg.vision.patch_dim)).astype(np.float32),
+         "grid_thw": np.asarray([[1, 4, 4]], np.int32)}
+  want = rl.pack_sequences([seq], row_len=32, rows=2, bucket="exact", vision=cfg.vision).interleaved()
+  got = plan.vision_batch(cfg, rows=2, row_len=32, num_patches=want["pixel_values"].shape[1], mesh=None, rules=None)
+  keys = {"pixel_values", "rope_positions", "image_token_mask", *models.VISION_LAYOUT_KEYS}
+  assert keys == set(got)
+  for k in sorted(keys):
+    assert (got[k].shape, got[k].dtype) == (want[k].shape, want[k].dtype), k
