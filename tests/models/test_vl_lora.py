@@ -166,6 +166,8 @@ def test_sft_with_tower_adapters_trains_only_adapters_and_exports_them(tmp_path)
       "lora": {"rank": 2, "targets": "attn", "vision_targets": ["attn", "merger"]},
       "out_dir": str(tmp_path / "run"), "export_hf": False, "tensorboard": False,
   }
+  with pytest.raises(ValueError, match=r"freeze_vision: true contradicts lora.vision_targets=\['attn', 'merger'\]"):
+    config_lib.from_dict(sft.SFTConfig, {**base, "freeze_vision": True})
   trainer = sft.SFTTrainer(config_lib.from_dict(sft.SFTConfig, base))
   trained = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(trainer.state.params)}
   assert trained and all(p.endswith(("_lora_a", "_lora_b")) for p in trained)
