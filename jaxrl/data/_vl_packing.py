@@ -391,6 +391,10 @@ def vl_batches(source, tokenizer, *, images: ImageConfig, packing: PackingConfig
     raise ValueError(f"global_rows={packing.global_rows} does not split over {process_count} processes")
   if len(source) < process_count:
     raise ValueError(f"{len(source)} records cannot be sharded over {process_count} processes")
+  if process_count > 1 and vision.per_row and vision.num_patches is None:  # model inputs: one shape everywhere
+    raise ValueError(f"vision.num_patches: set a fixed per-row bucket to shard batches over {process_count} "
+                     "processes (each process's own min_patches * 2**k bucket would differ, and so would the shapes "
+                     "they compile), or read the global stream on every process (process_count=1), as jaxrl sft does")
   ds = grain.MapDataset.source(source)
   if shuffle:
     ds = ds.shuffle(seed=seed)

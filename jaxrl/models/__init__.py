@@ -28,6 +28,7 @@ from jaxrl.models._hf import check_tokenizer, config_from_dir, load_pretrained, 
 from jaxrl.models._lora import (
     LORA_LR_MULTIPLIER,
     LORA_MODULES,
+    VISION_LORA_MODULES,
     LoraConfig,
     LoraParam,
     apply_lora,
@@ -39,6 +40,7 @@ from jaxrl.models._lora import (
     lora_state,
     merge_lora,
     merged_base,
+    set_lora_merged,
     split_lora,
     unmerge_lora,
 )
@@ -71,6 +73,7 @@ from jaxrl.models._vision import (
     VisionLayout,
     VisionTower,
     batch_vision_inputs,
+    pad_patch_rows,
     stack_layouts,
     vision_layout,
 )
@@ -78,6 +81,7 @@ from jaxrl.models._vision import (
 __all__ = [
     "LORA_LR_MULTIPLIER",
     "LORA_MODULES",
+    "VISION_LORA_MODULES",
     "SHORT_RUN_LR_MULTIPLIER",
     "LoraConfig",
     "LoraParam",
@@ -97,6 +101,7 @@ __all__ = [
     "lr_scale_tree",
     "merge_lora",
     "merged_base",
+    "set_lora_merged",
     "optimizer_state_bytes",
     "read_peft_config",
     "save_peft",
@@ -109,6 +114,7 @@ __all__ = [
     "VisionTower",
     "VISION_LAYOUT_KEYS",
     "batch_vision_inputs",
+    "pad_patch_rows",
     "stack_layouts",
     "decode_rope_positions",
     "mrope_axes",

@@ -10,6 +10,9 @@ never formed while training; ``s = alpha / r`` or, with rsLoRA, ``alpha / sqrt(r
 ``B [r, D]``). PEFT's initialisation: ``A ~ U(-1/sqrt(d_in), 1/sqrt(d_in))`` (``kaiming_uniform_(a=√5)``),
 ``B = 0``, so the adapted model starts equal to the base.
 
+A VLM may also adapt its vision tower (``LoraConfig.vision_targets``: each block's ``qkv``/``proj`` and MLP, the
+merger's ``fc1``/``fc2``); the tower's base weights stay frozen like the decoder's.
+
 Adapters are :class:`LoraParam` variables (a subclass of ``nnx.Param``) named ``{proj}_lora_a`` /
 ``{proj}_lora_b`` on the :class:`~jaxrl.models._transformer.Attention` / ``MLP`` modules, stacked
 over ``layers`` like the base; their logical axes are the base weight's input axes + ``lora_rank``
@@ -54,6 +57,20 @@ LORA_MODULES = ATTN_MODULES + MLP_MODULES
 """Projections LoRA can adapt (the HF module names; the embedding and head are never adapted)."""
 TARGET_SETS = {"all": LORA_MODULES, "attn": ATTN_MODULES, "mlp": MLP_MODULES}
 
+VISION_LORA_MODULES = ("qkv", "proj", "gate", "up", "down", "fc1", "fc2", "merger.fc1", "merger.fc2")
+"""Vision-tower projections LoRA can adapt (a VLM's ``visual``): each block's attention ``qkv``/``proj``, its MLP
+(``gate``/``up``/``down``: Qwen2.5-VL; ``fc1``/``fc2``: Qwen2-VL) and the patch merger's two linears. HF/PEFT
+module names: ``visual.blocks.{i}.attn.qkv|proj``, ``visual.blocks.{i}.mlp.gate_proj|up_proj|down_proj|fc1|fc2``,
+``visual.merger.mlp.0|2``."""
+VISION_TARGET_SETS = {"attn": ("qkv", "proj"), "mlp": ("gate", "up", "down", "fc1", "fc2"),
+                      "merger": ("merger.fc1", "merger.fc2")}
+VISION_TARGET_SETS["all"] = VISION_LORA_MODULES
+_ALL_KEYS = LORA_MODULES + VISION_LORA_MODULES
+_VISION_HF = {"qkv": ("attn.qkv", 1), "proj": ("attn.proj", 2), "gate": ("mlp.gate_proj", 1),
+              "up": ("mlp.up_proj", 1), "down": ("mlp.down_proj", 1), "fc1": ("mlp.fc1", 1), "fc2": ("mlp.fc2", 1)}
+"""A vision block's projection -> (HF module path under ``visual.blocks.{i}``, leading input axes)."""
+_HF_SITE = {"attn": "self_attn", "mlp": "mlp"}
+
 LORA_LR_MULTIPLIER = 10.0
 """LoRA LR / full-FT LR for long runs: the note measures 9.8 over 14 models (seeds file line 466) and
 rounds to 10 (line 451: "LoRA 的最优学习率始终是 ... FullFT 最优学习率的 10 倍")."""
@@ -85,6 +102,9 @@ class LoraConfig:
   "Scale numerator: s = alpha / r (alpha / sqrt(r) with rslora). 32 as in the note and PEFT practice."
   targets: str | tuple[str, ...] = "all"
   "'all' (q,k,v,o,gate,up,down; the note's recommendation), 'attn', 'mlp', or explicit module names."
+  vision_targets: str | tuple[str, ...] = ()
+  "VLMs: also adapt the vision tower: 'all', 'attn', 'mlp', 'merger', or a list of those groups and names from "
+  "VISION_LORA_MODULES; () (default) leaves the tower to its base weights."
   rslora: bool = False
   "Rank-stabilised scale alpha / sqrt(r) (PEFT use_rslora)."
   lr_multiplier: float = LORA_LR_MULTIPLIER
@@ -111,12 +131,19 @@ class LoraConfig:
     else:
       targets = tuple(targets)
       bad = [t for t in targets if t not in LORA_MODULES]
-      if bad or not targets:
+      if bad or not (targets or self.vision_targets):
         raise ValueError(f"lora.targets: unknown module names {bad} (valid: {list(LORA_MODULES)}, or one of "
                          f"{list(TARGET_SETS)})" if bad else "lora.targets: empty list; name at least one module")
       if len(set(targets)) != len(targets):
         raise ValueError(f"lora.targets: duplicate module names in {list(targets)}")
       object.__setattr__(self, "targets", targets)
+    object.__setattr__(self, "vision_targets", _check_vision_targets(self.vision_targets))
+
+  @property
+  def vision_modules(self) -> tuple[str, ...]:
+    """The targeted vision projections in :data:`VISION_LORA_MODULES` order (those a tower lacks are skipped)."""
+    chosen = {m for t in self.vision_targets for m in VISION_TARGET_SETS.get(t, (t,))}
+    return tuple(m for m in VISION_LORA_MODULES if m in chosen)
 
   @property
   def modules(self) -> tuple[str, ...]:
@@ -130,8 +157,75 @@ class LoraConfig:
     return float(self.alpha) / (math.sqrt(self.rank) if self.rslora else self.rank)
 
 
+def _check_vision_targets(value) -> tuple[str, ...]:
+  """``lora.vision_targets`` as a tuple of group and module names, or a ValueError naming the bad entries."""
+  value = (value,) if isinstance(value, str) else tuple(value)
+  bad = [t for t in value if t not in VISION_TARGET_SETS and t not in VISION_LORA_MODULES]
+  if bad:
+    raise ValueError(f"lora.vision_targets: unknown names {bad} (groups {list(VISION_TARGET_SETS)} or modules "
+                     f"{list(VISION_LORA_MODULES)})")
+  if len(set(value)) != len(value):
+    raise ValueError(f"lora.vision_targets: duplicate names in {list(value)}")
+  return value
+
+
 # --------------------------------------------------------------------------------------------------
 # Adding, splitting, merging
+
+
+@dataclasses.dataclass(frozen=True)
+class _Site:
+  """One adaptable weight: ``module.name``, its target key (``q_proj``, ``qkv``, ``merger.fc1``...), its HF
+  module path (``{i}`` = layer), the HF layers it covers, whether it is stacked on a leading layer axis, and
+  how many leading axes are its input (``o_proj``/``proj``: 2)."""
+
+  module: Any
+  name: str
+  key: str
+  path: str
+  layers: tuple[int, ...]
+  stacked: bool
+  in_ndim: int
+
+  def dims(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(*in, *out)`` of one layer's weight."""
+    shape = tuple(getattr(self.module, self.name).shape)[int(self.stacked):]
+    return shape[:self.in_ndim], shape[self.in_ndim:]
+
+
+def _all_sites(model: Transformer) -> list[_Site]:
+  """Every adaptable weight of ``model``: the decoder's projections, then (a VLM) the tower's blocks and merger.
+  HF paths are relative to the ``model.`` prefix transformers gives both (``layers.{i}.self_attn.q_proj`` for a
+  text model, ``language_model.layers.{i}...`` and ``visual.blocks.{i}.attn.qkv`` for a VLM)."""
+  lm = "language_model." if model.cfg.vision is not None else ""
+  out = []
+  for layer, site, module in _sites(model):
+    layers = tuple(range(model.cfg.num_layers)) if layer is None else (layer,)
+    for name in (ATTN_MODULES if site == "attn" else MLP_MODULES):
+      out.append(_Site(module, name, name, f"{lm}layers.{{i}}.{_HF_SITE[site]}.{name}", layers, layer is None,
+                       _IN_NDIM[name]))
+  visual = getattr(model, "visual", None)
+  if visual is None:
+    return out
+  scanned = visual.scan_layers
+  for layer, block in ([(None, visual.blocks)] if scanned else list(enumerate(visual.blocks))):
+    layers = tuple(range(visual.cfg.depth)) if layer is None else (layer,)
+    for name, (hf, k) in _VISION_HF.items():
+      if hasattr(block, name):
+        out.append(_Site(block, name, name, f"visual.blocks.{{i}}.{hf}", layers, layer is None, k))
+  for name, hf in (("fc1", "0"), ("fc2", "2")):
+    out.append(_Site(visual.merger, name, f"merger.{name}", f"visual.merger.mlp.{hf}", (0,), False, 1))
+  return out
+
+
+def _lora_sites(model: Transformer) -> list[_Site]:
+  """The sites of ``model`` that hold adapters."""
+  return [s for s in _all_sites(model) if hasattr(s.module, _factor_names(s.name)[0])]
+
+
+def _modules(model: Transformer) -> list[nnx.Module]:
+  """Every module that owns an adaptable weight, once."""
+  return list({id(s.module): s.module for s in _all_sites(model)}.values())
 
 
 def _sites(model: Transformer) -> Iterator[tuple[int | None, str, nnx.Module]]:
@@ -157,11 +251,14 @@ def _is_concrete(x) -> bool:
 
 def apply_lora(model: Transformer, cfg: LoraConfig, *, seed: int = 0,
                rules: LogicalRules | None = None) -> Transformer:
-  """Adds LoRA factors to the targeted projections of ``model`` (in place) and returns it.
+  """Adds LoRA factors to the targeted projections of ``model`` (in place) and returns it: the decoder's
+  ``cfg.modules`` and, for a VLM, the tower's ``cfg.vision_modules`` (blocks stacked like the decoder's; the
+  merger's ``fc1``/``fc2`` unstacked).
 
   ``A [L, *in, r] ~ U(-1/sqrt(d_in), 1/sqrt(d_in))`` with ``d_in = prod(*in)`` (PEFT's
   ``kaiming_uniform_(a=sqrt(5))``), drawn on the host per layer from
-  ``numpy.random.default_rng([seed, module, layer])`` (no compilation; scanned and looped models get
+  ``numpy.random.default_rng([seed, module, layer])`` (``module`` the index in ``LORA_MODULES +
+  VISION_LORA_MODULES``; no compilation; scanned and looped models get
   the same factors; every host draws the same); ``B [L, r, *out] = 0``. On a sharded model the
   factors are placed on the base weight's mesh by ``rules``. Works under ``nnx.eval_shape``.
 
@@ -176,29 +273,31 @@ def apply_lora(model: Transformer, cfg: LoraConfig, *, seed: int = 0,
   """
   if has_lora(model):
     raise ValueError("model already has LoRA adapters (merge_lora/unmerge_lora, or load a fresh base)")
+  if cfg.vision_targets and getattr(model, "visual", None) is None:
+    raise ValueError(f"lora.vision_targets={list(cfg.vision_targets)}: model_type {model.cfg.model_type!r} has no "
+                     "vision tower")
   r, np_dtype = cfg.rank, _NP_DTYPES[cfg.param_dtype]
-  for layer, site, module in _sites(model):
-    for name in cfg.modules:
-      if _SITE_OF[name] != site:
-        continue
-      w = getattr(module, name)
-      names, shape, value = tuple(w.get_metadata()["out_sharding"]), tuple(w.shape), w.get_value()
-      lead, k = (0 if layer is not None else 1), _IN_NDIM[name]
-      layers = [layer] if layer is not None else range(shape[0])
-      in_shape = shape[lead:lead + k]
-      bound = 1.0 / math.sqrt(math.prod(in_shape))
-      a = np.stack([np.random.default_rng([seed, LORA_MODULES.index(name), i]).uniform(-bound, bound, (*in_shape, r))
-                    for i in layers]).astype(np.float32).astype(np_dtype)
-      a = a[0] if layer is not None else a  # [L?, *in, r]
-      b = np.zeros((*shape[:lead], r, *shape[lead + k:]), np_dtype)  # [L?, r, *out]
-      a_names = names[:lead + k] + ("lora_rank",)
-      b_names = names[:lead] + ("lora_rank",) + names[lead + k:]
-      a_attr, b_attr = _factor_names(name)
-      setattr(module, a_attr, LoraParam(_to_device(a, _target_sharding(value, a_names, a.shape, rules)),
-                                        out_sharding=a_names, eager_sharding=False))
-      setattr(module, b_attr, LoraParam(_to_device(b, _target_sharding(value, b_names, b.shape, rules)),
-                                        out_sharding=b_names, eager_sharding=False))
-  for _, _, module in _sites(model):
+  wanted = set(cfg.modules) | set(cfg.vision_modules)
+  for site in _all_sites(model):
+    if site.key not in wanted:
+      continue
+    w = getattr(site.module, site.name)
+    names, shape, value = tuple(w.get_metadata()["out_sharding"]), tuple(w.shape), w.get_value()
+    lead, k = int(site.stacked), site.in_ndim
+    in_shape = shape[lead:lead + k]
+    bound = 1.0 / math.sqrt(math.prod(in_shape))
+    a = np.stack([np.random.default_rng([seed, _ALL_KEYS.index(site.key), i]).uniform(-bound, bound, (*in_shape, r))
+                  for i in site.layers]).astype(np.float32).astype(np_dtype)
+    a = a if site.stacked else a[0]  # [L?, *in, r]
+    b = np.zeros((*shape[:lead], r, *shape[lead + k:]), np_dtype)  # [L?, r, *out]
+    a_names = names[:lead + k] + ("lora_rank",)
+    b_names = names[:lead] + ("lora_rank",) + names[lead + k:]
+    a_attr, b_attr = _factor_names(site.name)
+    setattr(site.module, a_attr, LoraParam(_to_device(a, _target_sharding(value, a_names, a.shape, rules)),
+                                           out_sharding=a_names, eager_sharding=False))
+    setattr(site.module, b_attr, LoraParam(_to_device(b, _target_sharding(value, b_names, b.shape, rules)),
+                                           out_sharding=b_names, eager_sharding=False))
+  for module in _modules(model):
     module.lora_scale = cfg.scale
     module.lora_merged = False
   model.lora_config = cfg
@@ -254,19 +353,22 @@ def _delta(a: jax.Array, b: jax.Array, stacked: bool) -> jax.Array:
 
 
 def _fold(model: Transformer, sign: float) -> None:
-  for layer, _, module in _sites(model):
-    if not hasattr(module, "lora_scale"):
-      continue
-    for name in LORA_MODULES:
-      a_attr, b_attr = _factor_names(name)
-      if not hasattr(module, a_attr):
-        continue
-      w = getattr(module, name)
-      old = w.get_value()
-      d = _delta(getattr(module, a_attr).get_value(), getattr(module, b_attr).get_value(), layer is None)
-      new = (old.astype(jnp.float32) + sign * module.lora_scale * d).astype(old.dtype)
-      w.set_value(jax.device_put(new, old.sharding) if _is_concrete(old) else new)
-    module.lora_merged = sign > 0
+  for site in _lora_sites(model):
+    a_attr, b_attr = _factor_names(site.name)
+    w = getattr(site.module, site.name)
+    old = w.get_value()
+    d = _delta(getattr(site.module, a_attr).get_value(), getattr(site.module, b_attr).get_value(), site.stacked)
+    new = (old.astype(jnp.float32) + sign * site.module.lora_scale * d).astype(old.dtype)
+    w.set_value(jax.device_put(new, old.sharding) if _is_concrete(old) else new)
+  set_lora_merged(model, sign > 0)
+
+
+def set_lora_merged(model: Transformer, merged: bool) -> None:
+  """Marks every adapted module of ``model`` merged (its forward skips the adapters) or not, without touching
+  weights: for a copy whose weights already are (or are not) folded, e.g. an unstacked view of a merged model."""
+  for module in _modules(model):
+    if hasattr(module, "lora_scale"):
+      module.lora_merged = bool(merged)
 
 
 def merge_lora(model: Transformer) -> Transformer:
@@ -296,7 +398,7 @@ def unmerge_lora(model: Transformer) -> Transformer:
 
 def has_merged_lora(model: Transformer) -> bool:
   """Whether ``model``'s adapters are folded into its weights (:func:`merge_lora`)."""
-  return any(getattr(m, "lora_merged", False) for _, _, m in _sites(model))
+  return any(getattr(m, "lora_merged", False) for m in _modules(model))
 
 
 def merged_base(model: Transformer) -> Transformer:

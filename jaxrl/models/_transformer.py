@@ -25,7 +25,6 @@ Reference: the Hugging Face ``modeling_llama.py`` / ``modeling_qwen2.py`` / ``mo
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from flax import nnx
 from jaxrl import kernels
 from jaxrl.models._cache import KVCache, mesh_axes, write_rows
 from jaxrl.models._config import ModelConfig
+from jaxrl.models._lora_forward import LORA_OFF, LORA_SUFFIXES, add_lora  # noqa: F401 (re-exported)
 from jaxrl.models._mrope import apply_rope, mrope_axes, rope_frequencies
 from jaxrl.models._vision import VisionInputs, VisionTower
 from jaxrl.sharding import LogicalRules
@@ -91,34 +91,6 @@ def _constrain(placement: Placement | None, x: jax.Array, names: tuple[str | Non
 _RESIDUAL = ("batch", "seq", "act_embed")
 
 
-LORA_SUFFIXES = ("_lora_a", "_lora_b")
-"""Attribute suffixes of a projection's LoRA factors (``q_proj_lora_a``, ``q_proj_lora_b``); see
-:mod:`jaxrl.models._lora`, which adds them."""
-LORA_OFF = contextvars.ContextVar("jaxrl_lora_off", default=False)
-"""True while :func:`jaxrl.models.lora_disabled` is active: :func:`add_lora` then returns the base."""
-
-
-def add_lora(module: nnx.Module, name: str, x: jax.Array, y: jax.Array) -> jax.Array:
-  """``y + s·((x·A)·B)`` when ``module`` holds an active LoRA adapter for projection ``name``, else ``y``.
-
-  ``y = x·W`` is the base projection, ``A [*in, r]`` and ``B [r, *out]`` the factors (``*in``/``*out``
-  are ``W``'s input/output axes, e.g. ``q_proj``: ``A [D, r]``, ``B [r, N, H]``), ``s = alpha / r``
-  (or ``alpha / sqrt(r)``). ``W' = W + s·A·B`` is never formed. Inactive when the adapter is merged
-  into ``W`` or disabled (:func:`jaxrl.models.lora_disabled`). Hu et al. 2021, LoRA.
-
-  Args:
-    module: the :class:`Attention` or :class:`MLP` owning ``name``.
-    name: projection attribute, e.g. ``"q_proj"``.
-    x: the projection's input ``[..., *in]`` (compute dtype).
-    y: ``x·W`` ``[..., *out]``.
-  """
-  a = getattr(module, name + LORA_SUFFIXES[0], None)
-  if a is None or getattr(module, "lora_merged", False) or LORA_OFF.get():
-    return y
-  a, b = a[...], getattr(module, name + LORA_SUFFIXES[1])[...]
-  dt = y.dtype
-  xa = jnp.tensordot(x, a.astype(dt), axes=a.ndim - 1)  # [..., r]
-  return y + module.lora_scale * jnp.tensordot(xa, b.astype(dt), axes=1)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A VLM's packed rows carry their images beside the tokens (docs/vlm.md): ``pixel_values [R, P, patch_dim]``
 (``P`` the per-row patch bucket), the tower's layout arrays (``jaxrl.models.VISION_LAYOUT_KEYS``, each
-``[R, ...]``) and the M-RoPE positions ``rope_positions [R, T, 3]``, all sharded over rows like the tokens.
+``[R, ...]``), the M-RoPE positions ``rope_positions [R, T, 3]`` and (RL rows) the prompt image-token mask
+``image_token_mask [R, T]``, all sharded over rows like the tokens.
 :func:`vision_batch` gives their abstract shapes for a recipe, equal to what
 :func:`jaxrl.data.stack_vl_rows` (``per_row=True``, with ``model_config``) writes for the same settings
 (``tests/plan/test_plan_vlm.py`` compares them). :func:`runs_tower` says whether a traced program runs the vision
@@ -18,6 +19,9 @@ import jax.extend.core as jex_core
 from jaxrl import models, sharding
 
 ROPE_KEY = "rope_positions"
+MASK_KEY = "image_token_mask"
+"""The RL packer's ``[R, T]`` int32 mask of the prompt image tokens (``jaxrl.rl.pack_sequences``): only these take
+image embeddings (``VisionInputs.token_mask``)."""
 VISION_KEYS = ("pixel_values", *models.VISION_LAYOUT_KEYS)
 """The batch keys :meth:`jaxrl.models.VisionInputs.from_batch` reads."""
 
@@ -53,8 +57,9 @@ def vision_batch(model_cfg: models.ModelConfig, *, rows: int, row_len: int, num_
                  rules) -> dict[str, jax.ShapeDtypeStruct]:
   """Abstract per-row image inputs and M-RoPE positions of ``rows`` packed rows, sharded over rows.
 
-  ``mesh=None``: unsharded. Shapes and dtypes are the data pipeline's: ``pixel_values`` float32 ``[R, P, patch_dim]``, one row's
-  :func:`jaxrl.models.vision_layout` arrays with a leading ``[R]`` axis, ``rope_positions`` int32 ``[R, T, 3]``.
+  ``mesh=None``: unsharded. Shapes and dtypes are the data pipeline's: ``pixel_values`` float32 ``[R, P, patch_dim]``,
+  one row's :func:`jaxrl.models.vision_layout` arrays with a leading ``[R]`` axis, ``rope_positions`` int32
+  ``[R, T, 3]`` and the RL packer's ``image_token_mask`` int32 ``[R, T]``.
   """
   vision = model_cfg.vision
   layout = models.vision_layout(np.zeros((0, 3), np.int64), vision, num_patches=num_patches)  # one empty row
@@ -62,6 +67,7 @@ def vision_batch(model_cfg: models.ModelConfig, *, rows: int, row_len: int, num_
   shapes.update({k: (np.shape(getattr(layout, k)), np.asarray(getattr(layout, k)).dtype)
                  for k in models.VISION_LAYOUT_KEYS})
   shapes[ROPE_KEY] = ((row_len, 3), np.dtype(np.int32))
+  shapes[MASK_KEY] = ((row_len,), np.dtype(np.int32))
   place = lambda ndim: None if mesh is None else sharding.batch_sharding(mesh, rules, ndim=ndim)
   return {k: jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=place(1 + len(shape)))
           for k, (shape, dtype) in shapes.items()}

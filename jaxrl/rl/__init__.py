@@ -29,7 +29,7 @@ from jaxrl.rl._distill_config import DistillConfig
 from jaxrl.rl._distill import Teacher, check_shared_vocab
 from jaxrl.rl._engine_build import build_engine, build_sampler, rollout_max_len
 from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
-from jaxrl.rl._packing import PackedBatch, assign_micro_batches, pack_sequences
+from jaxrl.rl._packing import PackedBatch, agree_patch_bucket, assign_micro_batches, pack_sequences
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, read_records, reward_fields
 from jaxrl.rl._rewards import arithmetic_reward, image_answer_reward, weighted_reward
 from jaxrl.rl._rubric_arm import PairData, RubricARM, RubricARMConfig, arithmetic_pairs
@@ -78,6 +78,7 @@ __all__ = [
     "RubricARM",
     "RubricARMConfig",
     "Teacher",
+    "agree_patch_bucket",
     "arithmetic_pairs",
     "arithmetic_reward",
     "image_answer_reward",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxrl import models
+from jaxrl import models, sharding
 
 FLOAT_KEYS = ("loss_mask", "advantages", "sampler_logprobs")
 IMAGE_KEYS = ("pixel_values", "grid_thw")  # per sample, not per token: packed per row by _pack_images
@@ -185,6 +185,33 @@ def pack_sequences(seqs: Sequence[dict[str, np.ndarray]], *, row_len: int, rows:
   if with_images:
     _pack_images(seqs, assignment, arrays, vision)
   return PackedBatch(arrays=arrays, num_micro=len(assignment), tokens=int(sum(lengths)), assignment=assignment)
+
+
+def agree_patch_bucket(pb: PackedBatch, vision) -> PackedBatch:
+  """``pb`` with its per-row patch bucket ``P`` raised to the largest over processes.
+
+  Each process packs its own groups, so its own bucket (:func:`_row_patch_bucket` of its fullest row), or no
+  image arrays at all when its samples have no images; the global batch needs one set of arrays of one shape
+  on every process. Padding is exact (:func:`jaxrl.models.pad_patch_rows`); a process without images gets
+  all-padding rows (:func:`jaxrl.models.batch_vision_inputs` of no images: segment 0, zero tower output).
+  Every process must call this for the same mini-batches (it gathers one scalar). No-op for a text model.
+  """
+  if vision is None:
+    return pb
+  have = pb.arrays["pixel_values"].shape[2] if "pixel_values" in pb.arrays else 0
+  want = int(sharding.allgather_scalar(have).max())
+  if want == 0:
+    return pb
+  arrays = dict(pb.arrays)
+  if not have:
+    m, rows = arrays["tokens"].shape[:2]
+    pixels = np.zeros((m * rows, want, vision.patch_dim), np.float32)
+    inputs = models.batch_vision_inputs(pixels, np.zeros((0, 3), np.int32), np.zeros((0,), np.int32), vision)
+    arrays["pixel_values"] = pixels.reshape(m, rows, want, vision.patch_dim)
+    for k in models.VISION_LAYOUT_KEYS:
+      v = np.asarray(getattr(inputs.layout, k))
+      arrays[k] = v.reshape(m, rows, *v.shape[1:])
+  return dataclasses.replace(pb, arrays=models.pad_patch_rows(arrays, want, vision.spatial_merge_size))
 
 
 def pad_micro_batches(pb: PackedBatch, m: int) -> PackedBatch:

@@ -47,7 +47,7 @@ from jaxrl.rl._distill import Teacher, add_reverse_kl
 from jaxrl.rl._engine_build import build_sampler, rollout_max_len
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout, step_metrics, update_metrics
 from jaxrl.rl._loss import make_logprob_fn
-from jaxrl.rl._packing import PackedBatch, pack_sequences, pad_micro_batches
+from jaxrl.rl._packing import PackedBatch, agree_patch_bucket, pack_sequences, pad_micro_batches
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields, rm_prompt
 from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
 from jaxrl.rl._source import EngineRollout, RolloutSource
@@ -331,6 +331,7 @@ class RLTrainer:
       pb = pack_sequences([seqs[i] for i in idx], row_len=row_len, rows=rows // self.procs,
                           bucket=cfg.micro_batch.bucket, vision=self.vision)
       pb = pad_micro_batches(pb, int(sharding.allgather_scalar(pb.shape[0]).max()))
+      pb = agree_patch_bucket(pb, self.vision)  # one per-row patch bucket on every process
       pb.arrays["mb_index"] = pb.arrays["mb_index"][..., None]
       packed.append(pb)
       if self.critic is not None:

@@ -27,8 +27,7 @@ def _abstract_flat(cfg: models.ModelConfig, lora: models.LoraConfig | None, lora
   model = models.abstract_model(dataclasses.replace(cfg, scan_layers=False))
   if lora is not None:  # the same adapters, one pair of factors per layer (shapes only)
     models.apply_lora(model, lora)
-    for block in model.layers:
-      block.attn.lora_merged = block.mlp.lora_merged = lora_merged
+    models.set_lora_merged(model, lora_merged)
   return model
 
 

@@ -90,7 +90,8 @@ class SFTConfig(train.TrainerConfig):
   checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
   freeze_vision: bool = False
   "Vision-language models: keep the vision tower (patch embedding, blocks, merger) fixed and train the language "
-  "model only (no gradient or optimizer state for the tower). Under LoRA the tower is frozen anyway."
+  "model only (no gradient or optimizer state for the tower). Under LoRA the tower's base is frozen anyway (its "
+  "adapters, with lora.vision_targets, train)."
   out_dir: str = "runs/sft"
   export_hf: bool = True
   "Write an HF directory (out_dir/hf) at the end."
@@ -102,6 +103,9 @@ class SFTConfig(train.TrainerConfig):
                        f"{self.packing.global_rows}")
     if not self.data.train and self.data.builtin is None:
       raise ValueError("data: give data.train files or data.builtin")
+    if self.freeze_vision and self.lora is not None and self.lora.vision_targets:
+      raise ValueError(f"freeze_vision: true contradicts lora.vision_targets={list(self.lora.vision_targets)} (the "
+                       "tower's adapters would train); drop one (under LoRA the tower's base weights are frozen anyway)")
 
 
 def _resolve_data(cfg: SFTConfig, out_dir: Path, *, vision: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
