@@ -13,7 +13,7 @@ from jaxrl import models, sharding
 from jaxrl.cli.sample import load_inference_model
 from jaxrl.config import ConfigError, from_dict
 
-MISSING_MODEL = "--model is required (or --config RECIPE naming model.hf_dir)"
+MISSING_MODEL = "--model is required"
 
 
 def add_sampling_args(p: argparse.ArgumentParser, *, unit: str = "problem") -> None:
@@ -116,7 +116,7 @@ def scorer_of(args: argparse.Namespace):
 def problems_of(args: argparse.Namespace, tokenizer):
   """The problems of ``--data`` (first ``--limit``), encoded for the model."""
   if not args.data:
-    raise ValueError("--data is required (or --config RECIPE with eval.benchmarks)")
+    raise ValueError("--data is required")
   problems = eval_lib.load_problems(args.data, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
                                     prompt_field=args.prompt_field, answer_field=args.answer_field,
                                     template=args.template, required=eval_lib.TASKS[args.task][1],
@@ -200,6 +200,8 @@ def recipe_runs(args: argparse.Namespace, explicit: dict[str, object]) -> list[t
     values = {**vars(args), **eval_lib.benchmark_options(bench, recipe), **explicit}
     if "task" in explicit or "reward" in explicit:  # the recipe's reward goes with its own task only
       values.update(reward_kwargs=None, reward_runner=None)
+    if not values["model"]:
+      raise ValueError(f"{args.config}: the recipe's model is a preset (no model.hf_dir): give --model DIR")
     runs.append((argparse.Namespace(**values, benchmark_name=bench.name), root / bench.name))
   return runs
 
