@@ -255,3 +255,84 @@ def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | tu
   except ConfigError as e:
     where = f"{path}: " if path is not None else ""
     raise ConfigError(f"{where}{e}") from e
+
+
+BENCHMARK_TASKS = ("math", "code", "custom", "recipe")
+"""How a benchmark's responses are scored: the math reward, the code sandbox, a reward by import path, or the
+recipe's own ``reward:`` section (``reward.fn``, ``reward.kwargs``, ``reward.correct_threshold``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Benchmark:
+  """One entry of a recipe's ``eval.benchmarks:`` list: a local JSONL file and the protocol a paper reports it
+  with (``jaxrl eval --config RECIPE [--benchmark NAME]``, docs/eval.md). The trainers ignore it; the plan
+  covers its engine programs (``jaxrl plan``)."""
+
+  name: str
+  "Short name (``--benchmark NAME``; the records go to ``<out>/<name>``)."
+  data: str
+  "A JSONL file the user supplies (nothing is shipped or downloaded); relative paths are read from the cwd."
+  task: str = "math"
+  "One of :data:`BENCHMARK_TASKS`."
+  reward: str | None = None
+  "``task: custom``: the reward's import path ``module:function``."
+  require_think: bool = False
+  "``task: math``: a response without ``<think>...</think>`` is wrong."
+  prompt_field: str | None = None
+  "Column holding the prompt text (default: ``prompt`` or ``messages``)."
+  answer_field: str | None = None
+  "Column holding the reference answer (default: ``answer``)."
+  template: str = "{prompt}"
+  "Format of a text prompt, with ``{prompt}``."
+  n: int = 16
+  "Samples per problem."
+  metrics: str = ""
+  "Comma-separated ``KIND@k`` (avg/pass/maj); empty: ``avg@n,pass@1,pass@n,maj@n``."
+  temperature: float = 0.6
+  top_p: float = 0.95
+  top_k: int = 0
+  max_new_tokens: int = 1024
+  max_prompt_tokens: int = 1024
+  stop: tuple[str, ...] = ()
+  "Strings that end a response."
+  seed: int = 0
+  correct_threshold: float | None = None
+  "A sample is correct when its reward is above this (default: the recipe's ``reward.correct_threshold``, else 0.5)."
+
+  def __post_init__(self):
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
+      raise ValueError(f"name must be letters, digits, '_', '.' or '-' (a directory name), got {self.name!r}")
+    if self.task not in BENCHMARK_TASKS:
+      raise ValueError(f"task must be one of {list(BENCHMARK_TASKS)}, got {self.task!r}")
+    if (self.task == "custom") != (self.reward is not None):
+      raise ValueError(f"reward (an import path) goes with task custom and only with it (task {self.task!r}, "
+                       f"reward {self.reward!r})")
+    if "{prompt}" not in self.template:
+      raise ValueError(f"template must hold {{prompt}}, got {self.template!r}")
+    if min(self.n, self.max_new_tokens, self.max_prompt_tokens) < 1:
+      raise ValueError("n, max_new_tokens and max_prompt_tokens must be >= 1")
+    if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+      raise ValueError(f"bad sampling settings: temperature={self.temperature}, top_p={self.top_p}, "
+                       f"top_k={self.top_k}")
+
+
+def read_benchmarks(data: dict[str, Any], *, where: str = "") -> tuple[Benchmark, ...]:
+  """The ``eval.benchmarks`` list of a recipe mapping (``()`` when absent), each entry checked as
+  :class:`Benchmark` with errors naming ``eval.benchmarks[i].key`` (prefixed by ``where``, e.g. the file);
+  names must be unique."""
+  section = data.get("eval") or {}
+  items = section.get("benchmarks", ()) if isinstance(section, dict) else ()
+  prefix = f"{where}: " if where else ""
+  if not isinstance(items, (list, tuple)):
+    raise ConfigError(f"{prefix}eval.benchmarks: expected a list, got {_describe(items)}")
+  out = []
+  for i, item in enumerate(items):
+    try:
+      out.append(from_dict(Benchmark, item, prefix=f"eval.benchmarks[{i}]"))
+    except ConfigError as e:
+      raise ConfigError(f"{prefix}{e}") from None
+  names = [b.name for b in out]
+  dup = sorted({n for n in names if names.count(n) > 1})
+  if dup:
+    raise ConfigError(f"{prefix}eval.benchmarks: names must be unique, {dup} repeat")
+  return tuple(out)

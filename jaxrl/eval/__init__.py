@@ -36,6 +36,15 @@ from jaxrl.eval._run import (
   summary,
   write_summary,
 )
+from jaxrl.eval._recipe import (
+  ENGINE_DEFAULTS,
+  RecipeEval,
+  benchmark_options,
+  benchmark_settings,
+  read_recipe,
+  select_benchmarks,
+  threshold_of,
+)
 from jaxrl.eval._caprl_curate import CurateConfig, curate_file, curate_questions
 from jaxrl.eval._cold_start import ColdStartConfig, build_cold_start, cold_start_file
 from jaxrl.eval._rubicap_synth import RUBRIC_WRITER_TEMPLATE, SynthConfig, synthesize_file, synthesize_rubrics
@@ -66,6 +75,13 @@ __all__ = [
   "synthesize_file",
   "synthesize_rubrics",
   "DATASET",
+  "ENGINE_DEFAULTS",
+  "RecipeEval",
+  "benchmark_options",
+  "benchmark_settings",
+  "read_recipe",
+  "select_benchmarks",
+  "threshold_of",
   "DEFAULT_METRICS",
   "RECORDS",
   "SETTINGS",

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxrl import data as data_lib
 from jaxrl import rewards, sampling, train
-from jaxrl.config import ConfigError
+from jaxrl.config import ConfigError, from_dict
 from jaxrl.rl import EncodedPrompts, EngineConfig, build_engine, read_records, reward_fields
 
 RECORDS = "records.jsonl"
@@ -63,20 +63,24 @@ TASKS: dict[str, tuple[str | None, tuple[str, ...]]] = {"math": ("math", ("answe
 code with the sandbox (``jaxrl.rewards.code_reward``), custom with a reward named by its import path."""
 
 
-def make_scorer(task: str, *, reward: str | None = None, require_think: bool = False,
-                workers: int = 4) -> rewards.RewardRunner:
+def make_scorer(task: str, *, reward: str | None = None, require_think: bool = False, workers: int = 4,
+                reward_kwargs: dict[str, Any] | None = None,
+                runner: dict[str, Any] | None = None) -> rewards.RewardRunner:
   """The reward runner of ``task``: ``math`` scores the answer after ``</think>`` (``require_think``: a response
   without the think block is wrong, as in DeepScaleR's training reward), ``code`` runs the tests in the sandbox,
-  ``custom`` loads ``reward`` (``module:function``) as :func:`jaxrl.rewards.load_reward` does."""
+  ``custom`` loads ``reward`` (``module:function`` or a built-in name, bound to ``reward_kwargs``) as the RL
+  trainer does; ``runner`` is a ``reward.runner`` mapping (:class:`jaxrl.rewards.RewardRunnerConfig`; default
+  ``workers`` threads)."""
   if task not in TASKS:
     raise ValueError(f"task must be one of {'/'.join(TASKS)}, got {task!r}")
+  config = (rewards.RewardRunnerConfig(workers=workers) if runner is None
+            else from_dict(rewards.RewardRunnerConfig, runner, prefix="reward.runner"))
   if task == "custom":
     if not reward:
       raise ValueError("task custom needs a reward import path (--reward module:function)")
-    return rewards.RewardRunner(reward, config=rewards.RewardRunnerConfig(workers=workers))
+    return rewards.RewardRunner(reward, config=config, reward_kwargs=reward_kwargs or {})
   kwargs = {"config": rewards.MathRewardConfig(require_think=require_think)} if task == "math" else {}
-  return rewards.RewardRunner(reward or TASKS[task][0], config=rewards.RewardRunnerConfig(workers=workers),
-                              reward_kwargs=kwargs)
+  return rewards.RewardRunner(reward or TASKS[task][0], config=config, reward_kwargs=kwargs)
 
 
 def make_sampler(model, tokenizer, *, max_len: int, backend: str = "engine", num_slots: int = 32,
@@ -134,7 +138,7 @@ def load_problems(path: str | Path, tokenizer, *, max_prompt_tokens: int, prompt
     if isinstance(rec.get("prompt"), str):
       if not rec["prompt"].strip():
         raise data_lib.DataError(f"{where}: 'prompt' is empty")
-      rec["prompt"] = template.format(prompt=rec["prompt"])
+      rec["prompt"] = template.replace("{prompt}", rec["prompt"])  # not str.format: "\\boxed{}" stays
     elif "messages" not in rec and not isinstance(rec.get("prompt"), list):
       raise data_lib.DataError(f"{where}: record needs 'prompt' or 'messages' (or --prompt-field); "
                                f"has keys {sorted(rec)}")

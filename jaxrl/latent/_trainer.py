@@ -89,6 +89,8 @@ class LatentEval:
   "Most thoughts with stop=classifier (0: c·K)."
   before: bool = True
   "Also evaluate before training (results eval_before; false skips it and its decode compile)."
+  benchmarks: tuple[config_lib.Benchmark, ...] = ()
+  "Benchmarks ``jaxrl eval --config`` runs (:class:`jaxrl.config.Benchmark`; docs/eval.md); training ignores them."
 
   def __post_init__(self):
     if self.stop not in ("fixed", "classifier"):

@@ -349,6 +349,8 @@ class RLEvalConfig:
   metrics: str = ""
   """More metrics, as ``jaxrl eval`` reports them (e.g. ``"pass@1,maj@n"``; ``n`` = ``samples``; maj@k votes
   over the reward's ``extracted`` answers), each logged as ``eval/<name>``."""
+  benchmarks: tuple[config_lib.Benchmark, ...] = ()
+  "Benchmarks ``jaxrl eval --config`` runs (:class:`jaxrl.config.Benchmark`; docs/eval.md); training ignores them."
 
   def __post_init__(self):
     if self.metrics:

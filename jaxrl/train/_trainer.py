@@ -68,6 +68,8 @@ class EvalCadence:
 
   every: int = 50
   "Steps between evaluations (and at the end); 0 disables."
+  benchmarks: tuple[config_lib.Benchmark, ...] = ()
+  "Benchmarks ``jaxrl eval --config`` runs (:class:`jaxrl.config.Benchmark`; docs/eval.md); training ignores them."
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
