@@ -24,6 +24,40 @@ def bench_reward(completions, **_):
   return out
 
 
+def trl_config_kwargs(settings: dict, *, n_prompts: int, samples: int) -> dict:
+  """The work-changing ``trl.GRPOConfig`` arguments for a ``jaxrl bench rl`` settings message."""
+  rows = n_prompts * samples
+  if rows % settings["micro_batches"]:
+    raise ValueError(f"settings: {rows} rows do not split into {settings['micro_batches']} micro-batches")
+  if settings["loss"] != "token_mean" or settings["old_logprobs"] != "current":
+    raise ValueError(f"settings: loss {settings['loss']!r} / π_old {settings['old_logprobs']!r} not mapped for TRL")
+  return dict(gradient_checkpointing=bool(settings["remat"]), bf16=settings["dtype"] == "bfloat16",
+              beta=float(settings["kl_coef"]), loss_type="dapo", num_iterations=settings["ppo_epochs"],
+              per_device_train_batch_size=rows // settings["micro_batches"],
+              gradient_accumulation_steps=settings["micro_batches"], steps_per_generation=settings["micro_batches"])
+
+
+def trl_applied(trainer, torch) -> dict:
+  """The settings TRL actually runs with, read back from the built trainer, its model and torch."""
+  args, model = trainer.args, trainer.model
+  dtypes = {p.dtype for p in model.parameters()}
+  old = "current" if (args.num_iterations == 1 and args.steps_per_generation == args.gradient_accumulation_steps
+                      and not getattr(trainer, "use_vllm", False)) else "recompute"
+  return {"remat": bool(getattr(model, "is_gradient_checkpointing", False)), "threads": torch.get_num_threads(),
+          "dtype": "bfloat16" if args.bf16 else str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1
+          else "mixed", "kl_coef": float(args.beta), "loss": "token_mean" if args.loss_type == "dapo"
+          else args.loss_type, "ppo_epochs": args.num_iterations, "micro_batches": args.gradient_accumulation_steps,
+          "old_logprobs": old}
+
+
+def pin_cpus(threads: int) -> None:
+  """The first ``threads`` CPUs of this process's affinity (as the jaxrl worker does)."""
+  cpus = sorted(os.sched_getaffinity(0))
+  if threads > len(cpus):
+    raise ValueError(f"settings: threads={threads} but this process may use only {len(cpus)} CPUs")
+  os.sched_setaffinity(0, cpus[:threads])
+
+
 class Worker:
   def __init__(self, proto, commands):
     self.proto, self.commands = proto, commands
@@ -31,26 +65,28 @@ class Worker:
     self.pending_quit = False
 
   def setup(self, hf_dir, tokenizer, prompts, steps, out_dir, lr, n_prompts=PROMPTS, samples=SAMPLES,
-            prompt_tokens=None, new_tokens=NEW_TOKENS):
+            prompt_tokens=None, new_tokens=NEW_TOKENS, settings=None):
     del prompt_tokens  # the prompts file holds exactly that many words each
+    pin_cpus(settings["threads"])
     import datasets
     import torch
     import transformers
     import trl
 
+    torch.set_num_threads(settings["threads"])
     torch.manual_seed(0)
     with open(prompts) as f:
       records = [json.loads(line) for line in f]
     ds = datasets.Dataset.from_list([{"prompt": r["prompt"]} for r in records] * steps)
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer)
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, settings["dtype"]))
     args = trl.GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=n_prompts * samples, gradient_accumulation_steps=1,
+        output_dir=out_dir, **trl_config_kwargs(settings, n_prompts=n_prompts, samples=samples),
         num_generations=samples, max_completion_length=new_tokens, temperature=1.0, top_p=1.0,
-        generation_kwargs={"min_new_tokens": new_tokens}, beta=0.0, num_iterations=1, epsilon=0.2,
-        loss_type="dapo", learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        generation_kwargs={"min_new_tokens": new_tokens}, epsilon=0.2, learning_rate=lr,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, max_steps=steps, logging_steps=10**6, report_to="none", save_strategy="no",
-        use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0, disable_tqdm=True, log_completions=False)
+        use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True, log_completions=False)
     self.trainer = trl.GRPOTrainer(model=model, reward_funcs=bench_reward, args=args, train_dataset=ds,
                                    processing_class=tok, callbacks=[_StepCallback(self)])
     self.gen_time = 0.0
@@ -66,7 +102,7 @@ class Worker:
     self.trainer._generate_and_score_completions = timed
     self.max_steps = steps
     return {"ok": True, "versions": {m: __import__(m).__version__ for m in ("torch", "trl", "transformers")},
-            "torch_threads": torch.get_num_threads()}
+            "settings": trl_applied(self.trainer, torch)}
 
   def run(self):
     for line in self.commands:

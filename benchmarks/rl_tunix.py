@@ -49,6 +49,42 @@ def qwen2_config_kwargs(hf_config: dict) -> dict:
               use_tied_embedding=bool(hf_config.get("tie_word_embeddings", False)))
 
 
+def tunix_config_kwargs(settings: dict, *, n_prompts: int) -> dict:
+  """The work-changing Tunix arguments for a ``jaxrl bench rl`` settings message: ``model`` (extra
+  ``qwen2.ModelConfig`` fields, enum/dtype names), ``training`` (``RLTrainingConfig``), ``algo``
+  (``GRPOConfig``). Tunix micro-batches count prompts (each with its ``samples`` completions)."""
+  if n_prompts % settings["micro_batches"]:
+    raise ValueError(f"settings: {n_prompts} prompts do not split into {settings['micro_batches']} micro-batches")
+  if settings["loss"] != "token_mean" or settings["old_logprobs"] != "current":
+    raise ValueError(f"settings: loss {settings['loss']!r} / π_old {settings['old_logprobs']!r} not mapped for Tunix")
+  return {"model": dict(remat_config="BLOCK" if settings["remat"] else "NONE", dtype=settings["dtype"],
+                        param_dtype=settings["dtype"]),
+          "training": dict(mini_batch_size=n_prompts, train_micro_batch_size=n_prompts // settings["micro_batches"]),
+          "algo": dict(beta=float(settings["kl_coef"]), loss_agg_mode="token-mean",
+                       num_iterations=settings["ppo_epochs"])}
+
+
+def tunix_applied(model_cfg, training, algo) -> dict:
+  """The settings Tunix actually runs with, read back from its model, training and algorithm configs."""
+  import numpy as np  # lazy: the module's pure helpers are tested without the Tunix virtualenv
+  dtype, param_dtype = np.dtype(model_cfg.dtype).name, np.dtype(model_cfg.param_dtype).name
+  return {"remat": getattr(model_cfg.remat_config, "name", model_cfg.remat_config) != "NONE",
+          "threads": len(os.sched_getaffinity(0)), "dtype": dtype if dtype == param_dtype else "mixed",
+          "kl_coef": float(algo.beta),
+          "loss": "token_mean" if algo.loss_agg_mode == "token-mean" else algo.loss_agg_mode,
+          "ppo_epochs": algo.num_iterations,
+          "micro_batches": training.mini_batch_size // training.train_micro_batch_size,
+          "old_logprobs": "current" if algo.num_iterations == 1 else "recompute"}
+
+
+def pin_cpus(threads: int) -> None:
+  """The first ``threads`` CPUs of this process's affinity (XLA sizes its CPU thread pool from it)."""
+  cpus = sorted(os.sched_getaffinity(0))
+  if threads > len(cpus):
+    raise ValueError(f"settings: threads={threads} but this process may use only {len(cpus)} CPUs")
+  os.sched_setaffinity(0, cpus[:threads])
+
+
 class _Quit(Exception):
   pass
 
@@ -58,8 +94,11 @@ class Worker:
     self.proto, self.commands = proto, commands
 
   def setup(self, hf_dir, tokenizer, prompts, steps, out_dir, lr, n_prompts=PROMPTS, samples=SAMPLES,
-            prompt_tokens=PROMPT_TOKENS, new_tokens=NEW_TOKENS):
+            prompt_tokens=PROMPT_TOKENS, new_tokens=NEW_TOKENS, settings=None):
+    pin_cpus(settings["threads"])  # before jax starts its CPU client
+    mapped = tunix_config_kwargs(settings, n_prompts=n_prompts)
     import jax
+    import jax.numpy as jnp
     import numpy as np
     import optax
     import transformers
@@ -70,7 +109,10 @@ class Worker:
     from tunix.rl.rollout import base_rollout
 
     with open(os.path.join(hf_dir, "config.json")) as f:
-      cfg = qwen2_model.ModelConfig(**qwen2_config_kwargs(json.load(f)))
+      m = mapped["model"]
+      cfg = qwen2_model.ModelConfig(**qwen2_config_kwargs(json.load(f)),
+                                    remat_config=qwen2_model.RematConfig[m["remat_config"]],
+                                    dtype=getattr(jnp, m["dtype"]), param_dtype=getattr(jnp, m["param_dtype"]))
     # Auto axis types (jax.make_mesh's default Explicit ones break Tunix's embedding gather).
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
     model = qwen2_params.create_model_from_safe_tensors(hf_dir, cfg, mesh=mesh)
@@ -79,8 +121,8 @@ class Worker:
       self.prompts = [json.loads(line)["prompt"] for line in f]
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0)),
-        eval_every_n_steps=10**9, max_steps=steps, mini_batch_size=n_prompts, train_micro_batch_size=n_prompts,
-        rollout_micro_batch_size=n_prompts, compute_logps_micro_batch_size=n_prompts,
+        eval_every_n_steps=10**9, max_steps=steps, **mapped["training"], rollout_micro_batch_size=n_prompts,
+        compute_logps_micro_batch_size=n_prompts,
         checkpoint_root_directory=None, pbar_description=None)
     rollout = base_rollout.RolloutConfig(
         max_tokens_to_generate=new_tokens, max_prompt_length=prompt_tokens, temperature=1.0, top_p=1.0, top_k=None,
@@ -90,12 +132,12 @@ class Worker:
         role_to_mesh={roles.ACTOR: mesh, roles.REFERENCE: mesh, roles.ROLLOUT: mesh}, rollout_engine="vanilla",
         offload_to_cpu=False, training_config=training, rollout_config=rollout)
     self.cluster = rl_cluster_lib.RLCluster(actor=model, reference=model, tokenizer=tok, cluster_config=cluster)
-    algo = grpo_learner.GRPOConfig(num_generations=samples, num_iterations=1, beta=0.0, epsilon=0.2,
-                                   loss_agg_mode="token-mean")
+    algo = grpo_learner.GRPOConfig(num_generations=samples, epsilon=0.2, **mapped["algo"])
     self.learner = grpo_learner.GRPOLearner(rl_cluster=self.cluster, algo_config=algo, reward_fns=bench_reward)
     self._instrument()
     self.max_steps, self.np = steps, np
-    return {"ok": True, "versions": {m: _version(m) for m in ("google-tunix", "jax", "flax", "optax")}}
+    return {"ok": True, "versions": {m: _version(m) for m in ("google-tunix", "jax", "flax", "optax")},
+            "settings": tunix_applied(cfg, training, algo)}
 
   def _instrument(self):
     gen, update = self.cluster.generate, self.cluster.update_actor

@@ -44,6 +44,7 @@ from jaxrl import _cache
 from jaxrl import config as config_lib
 from jaxrl import models, rl, sampling
 from jaxrl.bench._harness import BENCHMARKS, harness
+from jaxrl.bench.rl_settings import RLBenchSettings, check_applied, pin_cpus, jaxrl_applied, jaxrl_config
 from jaxrl.sampling import sample_logits
 
 
@@ -192,16 +193,17 @@ class JaxrlWorker:
   """One GRPO step of :class:`jaxrl.rl.RLTrainer` per ``step`` command."""
 
   def setup(self, *, n_prompts: int = PROMPTS, samples: int = SAMPLES, prompt_tokens: int = PROMPT_TOKENS,
-            new_tokens: int = NEW_TOKENS, **spec: Any) -> dict[str, Any]:
+            new_tokens: int = NEW_TOKENS, settings: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    settings = settings or RLBenchSettings().to_message()
+    pin_cpus(settings["threads"])  # before the first JAX computation: XLA sizes its thread pool from it
+    mapped = jaxrl_config(settings, n_prompts=n_prompts, samples=samples, prompt_tokens=prompt_tokens,
+                          new_tokens=new_tokens)
     data = {
-        "model": {"hf_dir": spec["hf_dir"]}, "tokenizer": spec["tokenizer"],
+        "model": {"hf_dir": spec["hf_dir"], "overrides": mapped["model_overrides"]}, "tokenizer": spec["tokenizer"],
         "data": {"train": [spec["prompts"]], "builtin": None, "max_prompt_tokens": prompt_tokens},
         "rollout": {"prompts_per_step": n_prompts, "n": samples, "max_new_tokens": new_tokens, "temperature": 1.0},
         "reward": {"fn": "jaxrl.bench.rl:bench_reward", "runner": {"workers": 1}},
-        "algorithm": {"advantage": "grpo", "objective": "ppo_clip", "aggregation": "token_mean",
-                      "old_logprobs": "sampler", "kl_coef": 0.0, "mini_batches": 1, "ppo_epochs": 1},
-        "micro_batch": {"token_budget": n_prompts * samples * (prompt_tokens + new_tokens),
-                        "row_len": prompt_tokens + new_tokens},
+        "algorithm": mapped["algorithm"], "micro_batch": mapped["micro_batch"],
         "optim": {"lr": LR, "schedule": "constant", "warmup_steps": 0, "clip_norm": 1.0},
         "steps": spec["steps"], "eval": {"every": 0}, "out_dir": spec["out_dir"], "tensorboard": False,
     }
@@ -212,7 +214,8 @@ class JaxrlWorker:
     t.sampler = sampling.Sampler(t.current_model(), t.tokenizer, mesh=t.mesh, rules=t.rules,
                                  max_len=prompt_tokens + new_tokens, eos_token_ids=[], version=0)
     self.step_index = 0
-    return {"ok": True, "versions": _versions("jax", "jaxlib", "flax", "optax")}
+    return {"ok": True, "versions": _versions("jax", "jaxlib", "flax", "optax"),
+            "settings": jaxrl_applied(self.cfg, t.current_model().cfg)}
 
   def step(self) -> dict[str, Any]:
     self.step_index += 1
@@ -365,14 +368,18 @@ XLA_CACHE_ENV = "JAXRL_BENCH_XLA_CACHE"
 
 
 def run(work: Path, *, steps: int, peers: list[str], sampling: bool = True, model: dict[str, int] | None = None,
-        workload: str = "tiny", xla_cache: str | None = None, log=print) -> dict[str, Any]:
+        workload: str = "tiny", xla_cache: str | None = None, settings: RLBenchSettings | None = None,
+        log=print) -> dict[str, Any]:
   """Writes ``workload`` under ``work`` (``model`` overrides its model shape) and runs ``steps`` steps
   of jaxrl and each peer whose virtualenv exists: interleaved (one step of each in turn) or, for a
   workload too large to hold several frameworks in memory, one framework after the other. Returns the
   raw steps and their summary per framework (and jaxrl's sampling costs on the tiny workload).
   ``xla_cache``: a persistent compilation cache directory for the jaxrl worker (default none: every
-  framework compiles cold)."""
+  framework compiles cold). ``settings`` (default :class:`RLBenchSettings`): sent to every worker, which
+  must answer with the same values read back from its configuration; every step must generate exactly
+  ``prompts × samples × new_tokens`` tokens."""
   wl = WORKLOADS[workload]
+  sent = (settings or RLBenchSettings()).to_message()
   spec = write_workload(work, model=model, workload=wl)
   argvs = {"jaxrl": [sys.executable, "-m", "jaxrl.bench.rl", "--worker"]}
   for name in peers:
@@ -381,15 +388,19 @@ def run(work: Path, *, steps: int, peers: list[str], sampling: bool = True, mode
       log(f"{name}: no virtualenv at {py.parent.parent} (create it with `jaxrl bench rl --setup {name}`); skipped")
       continue
     argvs[name] = [str(py), str(harness(PEERS[name][0]))]
-  results: dict[str, Any] = {"frameworks": {}}
+  results: dict[str, Any] = {"frameworks": {}, "settings": sent}
   sampling = sampling and workload == "tiny"  # the sampling figures are the tiny model's
 
   def start(name: str, w: Peer) -> None:
-    ans = w.ask("setup", **spec, **wl.batch(), steps=steps, out_dir=str(work / f"out_{name}"), lr=LR)
+    ans = w.ask("setup", **spec, **wl.batch(), steps=steps, out_dir=str(work / f"out_{name}"), lr=LR, settings=sent)
+    check_applied(name, sent, ans.get("settings"))
     results["frameworks"][name] = {"versions": ans.get("versions", {}), "setup_s": ans["wall_s"], "steps_raw": []}
 
   def step(i: int, name: str, w: Peer) -> None:
     s = w.ask("step")
+    want = wl.prompts * wl.samples * wl.new_tokens
+    if s["tokens"] != want:
+      raise ValueError(f"bench rl: {name} generated {s['tokens']} tokens at step {i + 1}, not {want}")
     results["frameworks"][name]["steps_raw"].append(s)
     log(f"step {i + 1} {name}: {s['step_s']:.3f} s (generate {s['generate_s']:.3f}, train {s['train_s']:.3f})")
 
@@ -435,6 +446,11 @@ def main(argv: list[str]) -> int:
   p.add_argument("--xla-cache", default=None, metavar="DIR",
                  help="persistent compilation cache for the jaxrl worker (default: none, a cold compile like the "
                       "peers'); run twice with the same DIR to measure the cache-hit first step")
+  p.add_argument("--threads", type=int, default=None,
+                 help="CPU threads of every framework (workers pinned to that many CPUs; torch.set_num_threads); "
+                      "default: all CPUs this process may use")
+  p.add_argument("--remat", action="store_true",
+                 help="rematerialise activations in all three (TRL gradient_checkpointing; default off in all)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   ns = p.parse_args(argv)
   if ns.worker:
@@ -453,9 +469,13 @@ def main(argv: list[str]) -> int:
   suffix = "" if ns.workload == "tiny" else f"_{ns.workload}"
   work_dir = Path(ns.work_dir or f"runs/bench_rl{suffix}")
   out = Path(ns.json or f"runs/bench_rl{suffix}.json")
-  results = run(work_dir, steps=steps, peers=ns.peers, workload=ns.workload, xla_cache=ns.xla_cache)
+  settings = RLBenchSettings(remat=ns.remat, **({} if ns.threads is None else {"threads": ns.threads}))
+  load0 = os.getloadavg()[0]
+  results = run(work_dir, steps=steps, peers=ns.peers, workload=ns.workload, xla_cache=ns.xla_cache,
+                settings=settings)
   results.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
+                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load0:.1f} at the start, "
+                         f"{os.getloadavg()[0]:.1f} at the end",
                  command="jaxrl bench rl " + " ".join(argv), workload=dict(name=ns.workload, **wl.batch(),
                                                                           model=wl.model, lr=LR))
   print(format_table(results))
@@ -468,7 +488,12 @@ def main(argv: list[str]) -> int:
 def format_table(results: dict[str, Any]) -> str:
   """Markdown table of the summary (what docs/benchmarks.md records)."""
   fw = results["frameworks"]
-  lines = ["| framework | first step s | median step s | generate s | train s | generated tok/s | jaxrl speed-up "
+  lines = []
+  if "settings" in results:
+    st = RLBenchSettings.from_message(results["settings"])
+    wl = results.get("workload", {})
+    lines += [st.header(wl.get("new_tokens", "?"), wl.get("n_prompts", 0) * wl.get("samples", 0) or "?"), ""]
+  lines += ["| framework | first step s | median step s | generate s | train s | generated tok/s | jaxrl speed-up "
            "| step CPU s | peak RSS GiB |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
   base = fw["jaxrl"]["step_s"]

@@ -54,7 +54,10 @@ class _RecordingPeer:
 
   def ask(self, cmd, **kw):
     self.log.append((self.name, cmd))
-    return {"wall_s": 0.0} if cmd == "setup" else {"step_s": 2.0, "generate_s": 1.0, "train_s": 1.0, "tokens": 8}
+    if cmd == "setup":  # echoes the settings as applied; generates the workload's exact token count
+      self.tokens = kw["n_prompts"] * kw["samples"] * kw["new_tokens"]
+      return {"wall_s": 0.0, "settings": kw["settings"]}
+    return {"step_s": 2.0, "generate_s": 1.0, "train_s": 1.0, "tokens": self.tokens}
 
   def close(self):
     self.log.append((self.name, "close"))
@@ -138,3 +141,29 @@ def test_one_at_a_time_a_failing_peer_costs_only_its_column(tmp_path, monkeypatc
   assert fw["trl"]["error"] == "bench rl: trl step: out of memory" and "step_s" not in fw["trl"]
   assert fw["jaxrl"]["steps"] == fw["tunix"]["steps"] == 2 and ("trl", "close") in Failing.log
   assert "| trl | failed: bench rl: trl step: out of memory |" in bench_rl.format_table(res)
+
+
+def test_run_refuses_a_worker_with_other_settings_or_token_count(tmp_path, monkeypatch):
+  class Drifting(_RecordingPeer):
+    def ask(self, cmd, **kw):
+      ans = super().ask(cmd, **kw)
+      if self.name == "trl" and cmd == "setup" and drift == "remat":
+        ans["settings"] = dict(ans["settings"], remat=True)  # TRL's default gradient checkpointing
+      if self.name == "trl" and cmd == "step" and drift == "tokens":
+        ans["tokens"] -= 1  # one sample stopped early
+      return ans
+
+  (tmp_path / "venvs" / "trl" / "bin").mkdir(parents=True)
+  (tmp_path / "venvs" / "trl" / "bin" / "python").touch()
+  monkeypatch.setenv(bench_rl.VENV_ROOT_ENV, str(tmp_path / "venvs"))
+  monkeypatch.setattr(bench_rl, "Peer", Drifting)
+  monkeypatch.setattr(bench_rl, "write_workload", lambda work, **kw: {})
+  settings = bench_rl.RLBenchSettings(threads=1)
+  for drift, match in (("remat", r"the trl worker runs with other settings: remat=True \(sent False\)"),
+                       ("tokens", r"trl generated 4095 tokens at step 1, not 4096")):
+    with pytest.raises(ValueError, match=match):
+      bench_rl.run(tmp_path / "w", steps=2, peers=["trl"], sampling=False, settings=settings, log=lambda s: None)
+  drift = None
+  res = bench_rl.run(tmp_path / "w", steps=2, peers=["trl"], sampling=False, settings=settings, log=lambda s: None)
+  assert res["settings"] == settings.to_message()
+  assert "equal settings: remat off, 1 CPU threads" in bench_rl.format_table(res)

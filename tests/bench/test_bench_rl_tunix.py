@@ -59,7 +59,10 @@ def test_missing_peer_venv_is_skipped_with_a_reason(tmp_path, monkeypatch):
       self.name = name
 
     def ask(self, cmd, **kw):
-      return {"wall_s": 0.0} if cmd == "setup" else {"step_s": 2.0, "generate_s": 1.0, "train_s": 1.0, "tokens": 8}
+      if cmd == "setup":
+        return {"wall_s": 0.0, "settings": kw["settings"]}
+      return {"step_s": 2.0, "generate_s": 1.0, "train_s": 1.0, "tokens": bench_rl.PROMPTS * bench_rl.SAMPLES
+              * bench_rl.NEW_TOKENS}
 
     def close(self):
       pass
