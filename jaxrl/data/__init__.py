@@ -15,6 +15,17 @@ from jaxrl.data._images import (
     process_image,
     smart_resize,
 )
+from jaxrl.data._caption_tasks import (
+    CAPTION_PROMPT,
+    BuiltinCaptionTask,
+    caption_task_record,
+    generate_caption_task,
+    parse_caption,
+    scene_caption,
+    scene_questions,
+    scene_rubrics,
+    write_caption_task_splits,
+)
 from jaxrl.data._image_tasks import (
     COLORS,
     BuiltinImageTask,
@@ -124,6 +135,15 @@ __all__ = [
     "ImageTaskConfig",
     "draw_scene",
     "generate_image_task",
+    "CAPTION_PROMPT",
+    "BuiltinCaptionTask",
+    "caption_task_record",
+    "generate_caption_task",
+    "parse_caption",
+    "scene_caption",
+    "scene_questions",
+    "scene_rubrics",
+    "write_caption_task_splits",
     "image_answer_match",
     "image_task_record",
     "png_data_url",

@@ -21,6 +21,7 @@ from jaxrl.rewards._autorubric import (
 )
 from jaxrl.rewards._answerer import ChatFn, as_chat
 from jaxrl.rewards._base import RewardFn, RewardResult, RewardValueError, coerce_reward, load_reward
+from jaxrl.rewards._caption_rules import caption_answer, scene_answerer, scene_rubric_check
 from jaxrl.rewards._caprl import (
   CAPRL_QUESTION_TEMPLATE,
   CapRLConfig,
@@ -136,6 +137,9 @@ __all__ = [
   "as_chat",
   "CAPRL_QUESTION_TEMPLATE",
   "caprl_reward",
+  "caption_answer",
+  "scene_answerer",
+  "scene_rubric_check",
   "caption_monitor",
   "first_option_letter",
   "hard_format_reward",

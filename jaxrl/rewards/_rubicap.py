@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxrl.rewards._base import RewardResult
-from jaxrl.rewards._rubric import rubric_reward
+from jaxrl.rewards._base import RewardResult, load_reward
+from jaxrl.rewards._rubric import explicit_rubric_score, rubric_reward
 
 __all__ = ["SELF_PRAISE_PATTERNS", "SEVERITY_WEIGHTS", "caption_monitor", "parse_rubric_reply", "read_rubric_lines",
            "rubicap_reward", "severity_weight", "supported_by"]
@@ -145,15 +145,24 @@ def caption_monitor(caption: str, patterns: Sequence[str] = SELF_PRAISE_PATTERNS
 
 def rubicap_reward(prompt: str, completion: str, *, rubrics: Any, judge: Any = None, mode: str = "auto",
                    max_tokens: int | None = None, empty_value: float = 1.0,
-                   self_praise_patterns: Sequence[str] = SELF_PRAISE_PATTERNS, **_: Any) -> RewardResult:
+                   self_praise_patterns: Sequence[str] = SELF_PRAISE_PATTERNS, checker: Any = None,
+                   **_: Any) -> RewardResult:
   """RubiCap's reward: ``Σ_j w_j·m_j / Σ_j w_j`` over the image's `rubrics` (``{criterion, severity}``,
   severity weights `SEVERITY_WEIGHTS`), each judged met (``m_j`` ∈ [0, 1]) by `judge` on the caption
   `completion` (`rubric_reward` with explicit aggregation). An image without rubrics (the student had no
-  failure) scores `empty_value`. ``info["monitor"]``: `caption_monitor` of the caption."""
+  failure) scores `empty_value`. ``info["monitor"]``: `caption_monitor` of the caption.
+
+  ``checker``: instead of the LLM judge, an in-process ``fn(criterion, caption) -> m ∈ [0, 1]`` or its import
+  path (``jaxrl.rewards:scene_rubric_check`` for the built-in caption task's rubrics); same weighting."""
   items = _items(rubrics, "rubrics")
   monitor = caption_monitor(completion, self_praise_patterns)
   if not items:
     return RewardResult(value=float(empty_value), info={"reason": "no_rubrics", "met": [], "monitor": monitor})
+  if checker is not None:
+    check = load_reward(checker)
+    met = [float(check(r["criterion"], completion)) for r in items]
+    return RewardResult(value=explicit_rubric_score(met, [r["weight"] for r in items]),
+                        info={"met": met, "monitor": monitor})
   res = rubric_reward(prompt, completion, rubric=items, judge=judge, aggregation="explicit", mode=mode,
                       max_tokens=max_tokens)
   return RewardResult(value=res.value, info={**res.info, "monitor": monitor})

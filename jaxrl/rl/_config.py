@@ -45,6 +45,9 @@ class PromptData(data_lib.TaskData):
   image_task: data_lib.BuiltinImageTask | None = None
   ("Vision-language models: the built-in image task's prompts (image + question, `answer` per record), used when "
    "`train` is empty, instead of `builtin` (configs/vision_r1_tiny.yaml).")
+  caption_task: data_lib.BuiltinCaptionTask | None = None
+  ("Vision-language models: the built-in caption task's prompts (image + `Describe the image.`, `questions` and "
+   "`rubrics` per record), used when `train` is empty (configs/caprl_tiny.yaml, configs/rubicap_tiny.yaml).")
   shuffle_seed: int = 0
   "Seed of the per-epoch prompt shuffle."
   max_prompt_tokens: int = 1024
@@ -58,8 +61,10 @@ class PromptData(data_lib.TaskData):
    "case, sequences per row x images_per_prompt x max_pixels // patch_size**2 (`jaxrl.plan.vision_bucket`).")
 
   def __post_init__(self):
-    if not self.train and self.builtin is None and self.image_task is None:
-      raise ValueError("data: give data.train files, data.builtin or data.image_task")
+    if not self.train and self.builtin is None and self.image_task is None and self.caption_task is None:
+      raise ValueError("data: give data.train files, data.builtin, data.image_task or data.caption_task")
+    if self.image_task is not None and self.caption_task is not None:
+      raise ValueError("data: give data.image_task or data.caption_task, not both")
     if self.max_prompt_tokens < 1:
       raise ValueError(f"data.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens!r}")
     if self.images_per_prompt < 1:

@@ -217,9 +217,10 @@ def load_prompt_sets(cfg: PromptData, tokenizer) -> tuple[EncodedPrompts, Encode
   if cfg.train:
     train = read_records(cfg.train)
     heldout = read_records(cfg.heldout) if cfg.heldout else []
-  elif cfg.image_task is not None:
-    train = cfg.image_task.records("train")
-    heldout = read_records(cfg.heldout) if cfg.heldout else cfg.image_task.records("heldout")
+  elif cfg.image_task is not None or cfg.caption_task is not None:
+    task = cfg.image_task or cfg.caption_task
+    train = task.records("train")
+    heldout = read_records(cfg.heldout) if cfg.heldout else task.records("heldout")
   else:
     train = builtin_records(cfg.builtin, "train")
     heldout = read_records(cfg.heldout) if cfg.heldout else builtin_records(cfg.builtin, "heldout")

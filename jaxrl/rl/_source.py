@@ -187,4 +187,5 @@ class EngineRollout:
         **(vision_fields(sampler.cfg, [prompts.ids[i] for i in idx for _ in range(n)], images) if images else {}))
     # time_reward: the wait for rewards after the last chunk generated (all of scoring without overlap).
     info = {"time_generate": t1 - t0, "time_reward": t2 - t1, "reward_errors": float(len(scored.errors))}
+    info |= {k: v for k, v in scored.metrics().items() if "/monitor/" in k}  # e.g. RubiCap's reward/monitor/*
     return rollout, info
