@@ -63,10 +63,12 @@ def warm_start(out: Path, steps: int) -> str:
 
 
 def opd(out: Path, warm: str, teacher: str, seed: int, steps: int) -> tuple[str, float]:
-  """On-policy distillation; returns the student's HF dir and its trained (response) tokens."""
-  _run(["rl", "--config", str(DISTILL), *_student_model(warm), "distill.teacher.preset=null",
-        f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", f"steps={steps}", f"seed={seed}", f"data.shuffle_seed={seed}",
-        "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET])
+  """On-policy distillation; returns the student's HF dir and its trained (response) tokens (a finished run is
+  reused)."""
+  if not (out / "hf" / "config.json").exists():
+    _run(["rl", "--config", str(DISTILL), *_student_model(warm), "distill.teacher.preset=null",
+          f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", f"steps={steps}", f"seed={seed}",
+          f"data.shuffle_seed={seed}", "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET])
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
   cfg = config_lib.load(RLConfig, DISTILL)
   per_step = cfg.rollout.prompts_per_step * cfg.rollout.n
@@ -88,7 +90,7 @@ def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int) 
   tok = models.load_tokenizer(teacher)
   kept = [json.loads(x) for x in (out / "rs" / "sft.jsonl").read_text().splitlines()]
   response = sum(len(tok(r["messages"][-1]["content"])["input_ids"]) for r in kept)
-  total = sum(len(tok.apply_chat_template(r["messages"], tokenize=True)) for r in kept)
+  total = sum(len(tok(tok.apply_chat_template(r["messages"], tokenize=False))["input_ids"]) for r in kept)
   steps = max(1, round(total / (8 * 256 * 0.95)))  # one pass: 8 packed rows of 256 tokens a step
   _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{out / 'rs' / 'sft.jsonl'}]",
         f"steps={steps}", "optim.warmup_steps=2", "export_hf=true", "eval.every=0", "checkpoint.every=0",
@@ -103,11 +105,13 @@ def heldout_file(out: Path) -> Path:
 
 
 def measure(out: Path, student: str, teacher: str, heldout: Path) -> dict[str, float]:
-  """Greedy held-out accuracy and the reverse KL to the teacher on the held-out prompts (no learning)."""
-  _run(["rl", "--config", str(DISTILL), *_student_model(student), "distill.teacher.preset=null",
+  """Greedy held-out accuracy and the reverse KL to the teacher on the held-out prompts (no learning; a finished
+  measurement is reused)."""
+  if not (out / "results.json").exists():
+    _run(["rl", "--config", str(DISTILL), *_student_model(student), "distill.teacher.preset=null",
         f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", "steps=1", "eval.every=1",
-        "eval.prompts=128", "optim.lr=1e-30", "data.builtin=null", f"data.train=[{heldout}]", f"data.heldout=[{heldout}]",
-        "rollout.prompts_per_step=128", f"out_dir={out}", *QUIET])
+          "eval.prompts=128", "optim.lr=1e-30", "data.builtin=null", f"data.train=[{heldout}]",
+          f"data.heldout=[{heldout}]", "rollout.prompts_per_step=128", f"out_dir={out}", *QUIET])
   res = json.loads((out / "results.json").read_text())
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
   kl = next(r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r)
