@@ -1,8 +1,9 @@
 """On-policy distillation vs SFT on the teacher's samples, at equal student tokens (issue 32, docs/benchmarks.md).
 
-A trained quickstart-size teacher (``jaxrl quickstart``'s GRPO result, ``OUT/rl/hf``) and the narrower student of
-``configs/distill_tiny.yaml``, warm-started once by SFT on the quickstart's demonstrations (``--warm-steps``).
-Per seed, from that warm start:
+A trained quickstart-size teacher (``--teacher``: an HF dir, e.g. ``jaxrl sft --config configs/sft_tiny.yaml
+export_hf=true``'s ``hf``, or ``jaxrl quickstart``'s GRPO result ``OUT/rl/hf``) and the narrower student of
+``configs/distill_tiny.yaml``, warm-started once by a short SFT on the built-in demonstrations of
+``configs/sft_tiny.yaml`` (``--warm-steps``; or ``--warm DIR``). Per seed, from that warm start:
 
   opd   ``jaxrl rl --config configs/distill_tiny.yaml`` with the teacher: ``--steps`` steps of 8 prompts × 4
         student samples, per-token advantage −(log π_student − log π_teacher)
@@ -10,11 +11,14 @@ Per seed, from that warm start:
         sequence-level KD), then ``jaxrl sft`` trains one pass over them
 
 Each student (and the warm start) is then measured the same way: greedy exact-match accuracy on the 128 held-out
-problems, and the reverse KL to the teacher (mean ``log π_student − log π_teacher`` of the student's own samples,
-256 of them at T = 1, the ``distill/reverse_kl`` metric of a zero-learning-rate ``distill_tiny`` step on prompts
-neither arm trained on).
+problems, and the per-token reverse KL to the teacher on the same held-out prompts (mean ``log π_student −
+log π_teacher`` over the response tokens of the student's own samples, 4 per prompt at T = 1: the
+``distill/reverse_kl`` metric of one zero-learning-rate ``distill_tiny`` step whose prompts are the held-out split).
 
-  python scripts/distill_compare.py --quickstart runs/quickstart --out runs/distill_compare --seeds 0 1 2
+Student tokens: arm opd counts the response tokens the student sampled and trained on (``response/length_mean`` ×
+samples, every step); arm sft counts the response (assistant) tokens of the SFT set, each trained on once.
+
+  python scripts/distill_compare.py --teacher runs/sft_tiny/hf --out runs/distill_compare --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -50,19 +54,21 @@ def _student_model(hf_dir: str | None) -> list[str]:
   return ["model.preset=null", f"model.hf_dir={hf_dir}", "model.overrides={}"]
 
 
-def warm_start(out: Path, sft_data: Path, steps: int) -> str:
-  """The student's SFT warm start on the quickstart's demonstrations; returns its HF directory."""
+def warm_start(out: Path, steps: int) -> str:
+  """The student's SFT warm start on ``configs/sft_tiny.yaml``'s built-in demonstrations; returns its HF dir."""
   if not (out / "hf" / "config.json").exists():
-    _run(["sft", "--config", str(SFT), *_student_model(None), f"data.train=[{sft_data}]", f"steps={steps}",
+    _run(["sft", "--config", str(SFT), *_student_model(None), f"steps={steps}",
           "export_hf=true", "eval.every=0", "checkpoint.every=0", f"out_dir={out}", *QUIET])
   return str(out / "hf")
 
 
 def opd(out: Path, warm: str, teacher: str, seed: int, steps: int) -> tuple[str, float]:
-  """On-policy distillation; returns the student's HF dir and its trained (response) tokens."""
-  _run(["rl", "--config", str(DISTILL), *_student_model(warm), "distill.teacher.preset=null",
-        f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", f"steps={steps}", f"seed={seed}", f"data.shuffle_seed={seed}",
-        "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET])
+  """On-policy distillation; returns the student's HF dir and its trained (response) tokens (a finished run is
+  reused)."""
+  if not (out / "hf" / "config.json").exists():
+    _run(["rl", "--config", str(DISTILL), *_student_model(warm), "distill.teacher.preset=null",
+          f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", f"steps={steps}", f"seed={seed}",
+          f"data.shuffle_seed={seed}", "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET])
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
   cfg = config_lib.load(RLConfig, DISTILL)
   per_step = cfg.rollout.prompts_per_step * cfg.rollout.n
@@ -84,7 +90,7 @@ def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int) 
   tok = models.load_tokenizer(teacher)
   kept = [json.loads(x) for x in (out / "rs" / "sft.jsonl").read_text().splitlines()]
   response = sum(len(tok(r["messages"][-1]["content"])["input_ids"]) for r in kept)
-  total = sum(len(tok.apply_chat_template(r["messages"], tokenize=True)) for r in kept)
+  total = sum(len(tok(tok.apply_chat_template(r["messages"], tokenize=False))["input_ids"]) for r in kept)
   steps = max(1, round(total / (8 * 256 * 0.95)))  # one pass: 8 packed rows of 256 tokens a step
   _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{out / 'rs' / 'sft.jsonl'}]",
         f"steps={steps}", "optim.warmup_steps=2", "export_hf=true", "eval.every=0", "checkpoint.every=0",
@@ -92,11 +98,20 @@ def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int) 
   return str(out / "sft" / "hf"), float(response)
 
 
-def measure(out: Path, student: str, teacher: str) -> dict[str, float]:
-  """Greedy held-out accuracy and the reverse KL to the teacher on fresh prompts (no learning)."""
-  _run(["rl", "--config", str(DISTILL), *_student_model(student), "distill.teacher.preset=null",
-        f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", "steps=1", "eval.every=1", "eval.prompts=128", "optim.lr=1e-30",
-        "rollout.prompts_per_step=64", "data.shuffle_seed=1000", f"out_dir={out}", *QUIET])
+def heldout_file(out: Path) -> Path:
+  """The held-out split of ``distill_tiny``'s built-in task as a prompt file (never trained on by either arm)."""
+  records = config_lib.load(RLConfig, DISTILL).data.builtin.records("heldout")
+  return data_lib.write_jsonl(records, out / "heldout.jsonl")
+
+
+def measure(out: Path, student: str, teacher: str, heldout: Path) -> dict[str, float]:
+  """Greedy held-out accuracy and the reverse KL to the teacher on the held-out prompts (no learning; a finished
+  measurement is reused)."""
+  if not (out / "results.json").exists():
+    _run(["rl", "--config", str(DISTILL), *_student_model(student), "distill.teacher.preset=null",
+        f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", "steps=1", "eval.every=1",
+          "eval.prompts=128", "optim.lr=1e-30", "data.builtin=null", f"data.train=[{heldout}]",
+          f"data.heldout=[{heldout}]", "rollout.prompts_per_step=128", f"out_dir={out}", *QUIET])
   res = json.loads((out / "results.json").read_text())
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
   kl = next(r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r)
@@ -105,24 +120,25 @@ def measure(out: Path, student: str, teacher: str) -> dict[str, float]:
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--quickstart", required=True, help="a jaxrl quickstart output dir (rl/hf, sft_data/train.jsonl)")
+  p.add_argument("--teacher", required=True, help="the teacher's HF dir (quickstart size, trained on the task)")
+  p.add_argument("--warm", default=None, help="the student's warm start (HF dir); default: SFT it here")
   p.add_argument("--out", required=True)
   p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   p.add_argument("--steps", type=int, default=40, help="distillation steps (8 prompts × 4 samples each)")
   p.add_argument("--warm-steps", type=int, default=150)
   a = p.parse_args()
-  qs, out = Path(a.quickstart), Path(a.out)
-  teacher = str(qs / "rl" / "hf")
-  warm = warm_start(out / "warm", qs / "sft_data" / "train.jsonl", a.warm_steps)
-  table = {"teacher": measure(out / "measure_teacher", teacher, teacher), "warm": measure(out / "measure_warm", warm,
-                                                                                           teacher)}
+  out, teacher = Path(a.out), a.teacher
+  warm = a.warm or warm_start(out / "warm", a.warm_steps)
+  held = heldout_file(out)
+  table = {"teacher": measure(out / "measure_teacher", teacher, teacher, held),
+           "warm": measure(out / "measure_warm", warm, teacher, held)}
   prompts = a.steps * config_lib.load(RLConfig, DISTILL).rollout.prompts_per_step
   for seed in a.seeds:
     d = out / f"seed{seed}"
     o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps)
     s_dir, s_tok = sft_on_teacher(d / "sft_arm", warm, teacher, seed, prompts)
-    table[f"opd/{seed}"] = dict(measure(d / "measure_opd", o_dir, teacher), tokens=o_tok)
-    table[f"sft/{seed}"] = dict(measure(d / "measure_sft", s_dir, teacher), tokens=s_tok)
+    table[f"opd/{seed}"] = dict(measure(d / "measure_opd", o_dir, teacher, held), tokens=o_tok)
+    table[f"sft/{seed}"] = dict(measure(d / "measure_sft", s_dir, teacher, held), tokens=s_tok)
     (out / "table.json").write_text(json.dumps(table, indent=2))
   print(json.dumps(table, indent=2))
 
