@@ -6,6 +6,7 @@ Layer (docs/design.md): may import ``train`` and the layers below; not ``rl``, `
 
 from jaxrl.pref._data import (
     PAIR_KEYS,
+    REJECTED_KINDS,
     Pair,
     PairStream,
     answer_messages,
@@ -45,6 +46,7 @@ from jaxrl.pref._trainer import (
 __all__ = [
     "BRADLEY_TERRY",
     "PAIR_KEYS",
+    "REJECTED_KINDS",
     "REWARD_HEAD_FILE",
     "RewardModel",
     "DPOConfig",
