@@ -7,6 +7,7 @@ Layer (docs/design.md): may import ``train`` and the layers below; not ``rl``, `
 from jaxrl.pref._data import (
     KTO_KEYS,
     PAIR_KEYS,
+    REJECTED_KINDS,
     Pair,
     PairStream,
     answer_messages,
@@ -50,6 +51,7 @@ __all__ = [
     "KTO",
     "KTO_KEYS",
     "PAIR_KEYS",
+    "REJECTED_KINDS",
     "REWARD_HEAD_FILE",
     "RewardModel",
     "DPOConfig",

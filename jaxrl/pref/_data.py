@@ -189,36 +189,88 @@ def _wrong_answer(rng: np.random.Generator, numbers: list[int], ops: list[str], 
   return f"{'; '.join(steps)}. Answer: {value + 1}"
 
 
-def arithmetic_pairs(n: int, *, split: str, seed: int, task: data_lib.ArithmeticConfig) -> list[dict[str, Any]]:
-  """``n`` built-in pairs: an arithmetic question, its correct worked answer (chosen) and a worked answer
-  to a slightly different question (rejected: the steps copy a wrong operand, the answer is wrong)."""
+def _solve_with_slip(numbers: list[int], ops: list[str], slip: int, delta: int) -> tuple[list[str], int]:
+  """:func:`jaxrl.data.solve` with step ``slip``'s result off by ``delta``; the later steps carry the wrong
+  value on (a worked answer with one wrong intermediate or final step)."""
+  numbers, ops = list(numbers), list(ops)
+  steps = []
+  for level in (("*",), ("+", "-")):
+    i = 0
+    while i < len(ops):
+      if ops[i] in level:
+        a, b, op = numbers[i], numbers[i + 1], ops[i]
+        value = a * b if op == "*" else a + b if op == "+" else a - b
+        value += delta if len(steps) == slip else 0
+        steps.append(f"{a}{op}{b}={value}")
+        numbers[i:i + 2] = [value]
+        del ops[i]
+      else:
+        i += 1
+  return steps, numbers[0]
+
+
+def _slipped_answer(rng: np.random.Generator, numbers: list[int], ops: list[str], value: int) -> str | None:
+  """A worked answer to the right question with one step's arithmetic wrong (off by 1 to 3) and the error
+  carried to a wrong final answer; ``None`` when 32 draws all cancel out (a later ``*0``)."""
+  for _ in range(32):
+    slip = int(rng.integers(len(ops)))
+    delta = int(rng.choice([-3, -2, -1, 1, 2, 3]))
+    steps, got = _solve_with_slip(numbers, ops, slip, delta)
+    if got != value:
+      return f"{'; '.join(steps)}. Answer: {got}"
+  return None
+
+
+REJECTED_KINDS = ("operand", "mixed")
+"""``arithmetic_pairs(rejected=...)``: ``operand`` — every rejected answer solves a question with one operand
+moved (the first attempt's pairs); ``mixed`` — half of them that, half the right question with one step's
+arithmetic wrong (:func:`_slipped_answer`), the two error kinds a worked answer has."""
+
+
+def _parse_expression(expr: str) -> tuple[list[int], list[str]]:
+  numbers, ops, cur = [], [], ""
+  for ch in expr:
+    if ch in "+-*" and cur:
+      numbers.append(int(cur))
+      ops.append(ch)
+      cur = ""
+    else:
+      cur += ch
+  numbers.append(int(cur))
+  return numbers, ops
+
+
+def arithmetic_pairs(n: int, *, split: str, seed: int, task: data_lib.ArithmeticConfig,
+                     rejected: str = "operand") -> list[dict[str, Any]]:
+  """``n`` built-in pairs: an arithmetic question, its correct worked answer (chosen) and a wrong worked
+  answer (rejected, :data:`REJECTED_KINDS`: the steps copy a wrong operand, or one step's result is wrong;
+  the final answer is wrong either way). Train and held-out questions are disjoint (the task's split)."""
+  if rejected not in REJECTED_KINDS:
+    raise ValueError(f"rejected must be one of {REJECTED_KINDS}, got {rejected!r}")
   records = data_lib.generate_arithmetic(n, seed=seed, split=split, config=task, format="prompt_completion",
                                          unique=split == "heldout")
   rng = np.random.default_rng([seed, 7])
   out = []
   for r in records:
-    expr = r["prompt"].removesuffix("=?")
-    numbers, ops, cur = [], [], ""
-    for ch in expr:
-      if ch in "+-*" and cur:
-        numbers.append(int(cur))
-        ops.append(ch)
-        cur = ""
-      else:
-        cur += ch
-    numbers.append(int(cur))
-    rejected = _wrong_answer(rng, numbers, ops, int(r["answer"]))
-    out.append({"prompt": r["prompt"], "chosen": r["completion"], "rejected": rejected, "answer": r["answer"]})
+    numbers, ops = _parse_expression(r["prompt"].removesuffix("=?"))
+    wrong = None
+    if rejected == "mixed" and ops and rng.random() < 0.5:
+      wrong = _slipped_answer(rng, numbers, ops, int(r["answer"]))
+    wrong = wrong or _wrong_answer(rng, numbers, ops, int(r["answer"]))
+    out.append({"prompt": r["prompt"], "chosen": r["completion"], "rejected": wrong, "answer": r["answer"]})
   return out
 
 
-def write_builtin_pairs(out_dir: Path, builtin: data_lib.BuiltinTask) -> tuple[Path, Path | None]:
-  """Writes ``train.jsonl`` and ``heldout.jsonl`` pairs of the built-in task under ``out_dir``."""
-  train = arithmetic_pairs(builtin.n_train, split="train", seed=builtin.seed, task=builtin.task)
+def write_builtin_pairs(out_dir: Path, builtin: data_lib.BuiltinTask,
+                        rejected: str = "operand") -> tuple[Path, Path | None]:
+  """Writes ``train.jsonl`` and ``heldout.jsonl`` pairs of the built-in task under ``out_dir``
+  (:func:`arithmetic_pairs` with ``rejected``)."""
+  kw = {"seed": builtin.seed, "task": builtin.task, "rejected": rejected}
+  train = arithmetic_pairs(builtin.n_train, split="train", **kw)
   train_path = data_lib.write_jsonl(train, out_dir / "train.jsonl")
   if not builtin.n_heldout:
     return train_path, None
-  heldout = arithmetic_pairs(builtin.n_heldout, split="heldout", seed=builtin.seed, task=builtin.task)
+  heldout = arithmetic_pairs(builtin.n_heldout, split="heldout", **kw)
   return train_path, data_lib.write_jsonl(heldout, out_dir / "heldout.jsonl")
 
 
