@@ -339,6 +339,12 @@ class BuiltinImageTask:
   "ImageTaskConfig.level: 0 = count 1-3 shapes ... 3 = up to 8 shapes and 6-bar charts."
   image_size: int | None = None
   "Image side in pixels (56-112 keeps CPU runs fast); None: the level's (84, or 112 at level 3)."
+  questions: tuple[str, ...] | None = None
+  "Question types (a subset of ``QUESTION_TYPES``); None: the level's."
+  max_objects: int | None = None
+  "Most shapes per scene (``min_objects`` is lowered to it when larger); None: the level's."
+  num_colors: int | None = None
+  "Shape colours (the first ``num_colors`` of ``COLORS``); None: the level's."
   seed: int = 0
 
   def __post_init__(self):
@@ -353,9 +359,16 @@ class BuiltinImageTask:
 
   @property
   def task(self) -> ImageTaskConfig:
-    """The :class:`ImageTaskConfig` of ``difficulty`` (and ``image_size``)."""
-    return ImageTaskConfig.level(self.difficulty, **({} if self.image_size is None else
-                                                     {"image_size": self.image_size}))
+    """The :class:`ImageTaskConfig` of ``difficulty`` (with the fields set here overriding it)."""
+    over: dict[str, Any] = {} if self.image_size is None else {"image_size": self.image_size}
+    if self.questions is not None:
+      over["questions"] = tuple(self.questions)
+    if self.num_colors is not None:
+      over["num_colors"] = self.num_colors
+    if self.max_objects is not None:
+      over["max_objects"] = self.max_objects
+      over["min_objects"] = min(self.max_objects, ImageTaskConfig.level(self.difficulty).min_objects)
+    return ImageTaskConfig.level(self.difficulty, **over)
 
   def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
     """The split's chat records (images inline as PNG data URLs)."""

@@ -147,3 +147,20 @@ def test_builtin_image_task_records():
   assert not {key(r) for r in train} & {key(r) for r in heldout}
   with pytest.raises(ValueError, match="data.builtin.difficulty"):
     BuiltinImageTask(difficulty=4)
+
+
+def test_builtin_image_task_overrides_recomputed_from_pixels():
+  """questions / max_objects / num_colors override the level: one shape, four colours, the colour question;
+  each answer is the colour of the single connected region drawn."""
+  task = BuiltinImageTask(n_train=40, n_heldout=0, difficulty=0, image_size=56, seed=2,
+                          questions=("leftmost_color",), max_objects=1, num_colors=4)
+  assert task.task.num_colors == 4 and task.task.min_objects == task.task.max_objects == 1
+  records = task.records("train")
+  assert {r["question_type"] for r in records} == {"leftmost_color"}
+  assert {r["answer"] for r in records} == set(list(COLORS)[:4])
+  for r in records:
+    image = np.asarray(load_image(r["messages"][0]["content"][0]["image"], where="t").convert("RGB"))
+    regions = _components(image)
+    assert len(regions) == 1 and regions[0][0] == r["answer"]
+  with pytest.raises(ValueError, match="num_colors"):
+    BuiltinImageTask(num_colors=9).task

@@ -20,6 +20,7 @@ HF_PRESETS = {
     "DeepSeek-R1-Distill-Qwen-7B": "deepseek_r1_distill_qwen_7b",
     "DeepSeek-R1-Distill-Qwen-14B": "deepseek_r1_distill_qwen_14b",
     "Qwen2.5-7B": "qwen2p5_7b",
+    "Qwen2.5-7B-Instruct": "qwen2p5_7b",
     "Qwen2.5-VL-3B-Instruct": "qwen2p5_vl_3b",
     "Qwen2.5-VL-7B-Instruct": "qwen2p5_vl_7b",
     "Vision-R1-CI-7B": "qwen2p5_vl_7b",
