@@ -341,8 +341,10 @@ class BuiltinImageTask:
   "Image side in pixels (56-112 keeps CPU runs fast); None: the level's (84, or 112 at level 3)."
   questions: tuple[str, ...] | None = None
   "Question types (a subset of ``QUESTION_TYPES``); None: the level's."
+  min_objects: int | None = None
+  "Fewest shapes per scene; None: the level's (lowered to ``max_objects`` when that is smaller)."
   max_objects: int | None = None
-  "Most shapes per scene (``min_objects`` is lowered to it when larger); None: the level's."
+  "Most shapes per scene; None: the level's."
   num_colors: int | None = None
   "Shape colours (the first ``num_colors`` of ``COLORS``); None: the level's."
   seed: int = 0
@@ -356,19 +358,22 @@ class BuiltinImageTask:
       raise ValueError(f"data.builtin.difficulty must be in 0..3, got {self.difficulty!r}")
     if self.image_size is not None and self.image_size < 28:
       raise ValueError(f"data.builtin.image_size must be >= 28, got {self.image_size!r}")
+    self.task  # noqa: B018 -- the overrides checked against ImageTaskConfig at construction
 
   @property
   def task(self) -> ImageTaskConfig:
-    """The :class:`ImageTaskConfig` of ``difficulty`` (with the fields set here overriding it)."""
-    over: dict[str, Any] = {} if self.image_size is None else {"image_size": self.image_size}
+    """The :class:`ImageTaskConfig` of ``difficulty`` with the fields set here (``image_size``,
+    ``questions``, ``min_objects``, ``max_objects``, ``num_colors``) overriding the level's."""
+    over: dict[str, Any] = {k: getattr(self, k) for k in ("image_size", "min_objects", "max_objects", "num_colors")
+                            if getattr(self, k) is not None}
     if self.questions is not None:
       over["questions"] = tuple(self.questions)
-    if self.num_colors is not None:
-      over["num_colors"] = self.num_colors
-    if self.max_objects is not None:
-      over["max_objects"] = self.max_objects
+    if self.max_objects is not None and self.min_objects is None:
       over["min_objects"] = min(self.max_objects, ImageTaskConfig.level(self.difficulty).min_objects)
-    return ImageTaskConfig.level(self.difficulty, **over)
+    try:
+      return ImageTaskConfig.level(self.difficulty, **over)
+    except ValueError as e:
+      raise ValueError(f"data.image_task: {e}") from None
 
   def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
     """The split's chat records (images inline as PNG data URLs)."""

@@ -164,3 +164,21 @@ def test_builtin_image_task_overrides_recomputed_from_pixels():
     assert len(regions) == 1 and regions[0][0] == r["answer"]
   with pytest.raises(ValueError, match="num_colors"):
     BuiltinImageTask(num_colors=9).task
+
+
+def test_builtin_image_task_overrides_the_level():
+  task = BuiltinImageTask(n_train=8, n_heldout=4, difficulty=0, image_size=56, seed=2,
+                          questions=["leftmost_color"], max_objects=1, num_colors=4)
+  want = ImageTaskConfig.level(0, image_size=56, questions=("leftmost_color",), min_objects=1, max_objects=1,
+                               num_colors=4)
+  assert task.task == want
+  for r in task.records("train") + task.records("heldout"):
+    objects = r["scene"]["objects"]
+    assert r["question_type"] == "leftmost_color" and len(objects) == 1
+    assert r["answer"] == objects[0]["color"] and r["answer"] in list(COLORS)[:4]
+  assert BuiltinImageTask(difficulty=1, max_objects=2).task.min_objects == 1
+  assert BuiltinImageTask(difficulty=1, min_objects=2, max_objects=3).task.min_objects == 2
+  with pytest.raises(ValueError, match="data.image_task: num_colors"):
+    BuiltinImageTask(num_colors=9).task
+  with pytest.raises(ValueError, match="data.image_task: questions"):
+    BuiltinImageTask(difficulty=0, questions=["bar_value"]).task
