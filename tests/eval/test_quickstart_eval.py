@@ -19,8 +19,8 @@ PROMPTS = 12
 def run(tmp_path_factory):
   """A shortened quickstart (few SFT steps, one GRPO step, a few held-out problems)."""
   out = tmp_path_factory.mktemp("quickstart")
-  r = quickstart.run_quickstart(out, seed=0, sft={"steps": 12}, rl={"steps": 1, "eval": {"every": 1, "prompts": PROMPTS}},
-                                tensorboard=False)
+  r = quickstart.run_quickstart(out, seed=0, sft={"steps": 12},
+                                rl={"steps": 1, "eval": {"every": 1, "prompts": PROMPTS}}, tensorboard=False)
   return out, r
 
 
