@@ -10,7 +10,9 @@
    the wrong format earns nothing (DeepSeek-R1's rule rewards check format and answer the same way).
 3. Held-out accuracy (problems of the held-out split: never trained on) is measured greedily before,
    during and after GRPO, and before and after as pass@1 at the sampling temperature (the mean over
-   ``SAMPLES`` samples per problem). A before/after table is printed; ``out_dir/rl/curves.png`` holds the plot and
+   ``SAMPLES`` samples per problem). The held-out problems are written to ``out_dir/rl_data/heldout.jsonl`` and
+   both models exported (``out_dir/sft/hf``, ``out_dir/rl/hf``), so ``jaxrl eval`` reproduces these numbers
+   (docs/eval.md). A before/after table is printed; ``out_dir/rl/curves.png`` holds the plot and
    ``out_dir/quickstart.json`` the numbers.
 
 GRPO's gain here is the canonical answer format (a behaviour shared by every problem); the
@@ -128,8 +130,12 @@ def run_quickstart(out_dir: str | Path, *, seed: int = 0, sft: dict[str, Any] | 
   sft_out = sft_lib.SFTTrainer(config_lib.from_dict(sft_lib.SFTConfig, _merge(sft_dict, sft or {}))).run()
   t1 = time.perf_counter()
   rl_dict = _merge(RL, {"data": {"builtin": {"seed": 1 + seed}, "shuffle_seed": seed}, "seed": seed,
-                        "out_dir": str(out_dir / "rl"), "tensorboard": tensorboard})
+                        "out_dir": str(out_dir / "rl"), "tensorboard": tensorboard,
+                        "export_hf": True})  # out_dir/rl/hf, for jaxrl eval (docs/eval.md)
   rl_dict = _merge(rl_dict, rl or {})
+  builtin = config_lib.from_dict(rl_lib.BuiltinPrompts, rl_dict["data"]["builtin"], prefix="data.builtin")
+  heldout_file = data_lib.write_jsonl(builtin.records("heldout"), out_dir / "rl_data" / "heldout.jsonl")
+  rl_dict = _merge(rl_dict, {"data": {"heldout": [str(heldout_file)]}})  # the file jaxrl eval reads too
   rl_dict["model"] = {"hf_dir": sft_out["hf_dir"]}
   trainer = rl_lib.RLTrainer(config_lib.from_dict(rl_lib.RLConfig, rl_dict))
   try:
@@ -152,6 +158,9 @@ def run_quickstart(out_dir: str | Path, *, seed: int = 0, sft: dict[str, Any] | 
           (int(h["step"]), h["eval/accuracy"]) for h in trainer.history if "eval/accuracy" in h],
       "reward_first10": sum(rl_out["rewards"][:10]) / 10, "reward_last10": sum(rl_out["rewards"][-10:]) / 10,
       "seconds_sft": t1 - t0, "seconds_rl": t2 - t1, "plot": rl_out["plot"],
+      "metrics": {"sft": rl_out["eval_before"], "rl": rl_out["eval_after"], "sft_sampled": sampled_before,
+                  "rl_sampled": sampled_after},
+      "sft_hf_dir": sft_out["hf_dir"], "rl_hf_dir": rl_out.get("hf_dir"), "heldout_file": str(heldout_file),
   }
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "quickstart.json").write_text(json.dumps(result, indent=2))

@@ -153,6 +153,14 @@ def _line(rec: dict[str, Any]) -> int:
   return int(str(rec["_where"]).rsplit(":", 1)[1])
 
 
+def request_id(rec: dict[str, Any]) -> int:
+  """The sampler's request id of a problem: its line minus one, i.e. its 0-based position in a file without
+  blank lines. With ``seed`` it fixes the problem's draws whatever the chunking or resuming, and equals the
+  trainers' held-out evaluation (request ids ``0..P-1`` in file order), so ``--seed`` of the trainer's
+  ``seed + 1`` reproduces its sampled held-out numbers (docs/eval.md)."""
+  return _line(rec) - 1
+
+
 def problem_id(rec: dict[str, Any]) -> str:
   """A record's own id (``id``, ``unique_id``, ``problem_id``, ``ID``, ``task_id``) or its ``file:line``."""
   for key in ("id", "unique_id", "problem_id", "ID", "task_id"):
@@ -218,7 +226,7 @@ def _generate_and_score(sampler, scorer: rewards.RewardRunner, problems: Encoded
   n = settings.n
   out = sampler.generate([problems.ids[i].tolist() for i in todo], n=n, max_new_tokens=settings.max_new_tokens,
                          temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                         seed=settings.seed, request_ids=[_line(problems.records[i]) for i in todo],
+                         seed=settings.seed, request_ids=[request_id(problems.records[i]) for i in todo],
                          stop_strings=list(settings.stop_strings),
                          **({"images": [problems.images(i) for i in todo]} if problems.has_images else {}))
   index = [scorer.submit(problems.texts[i], out.texts[j * n + s], **reward_fields(problems.records[i]))
