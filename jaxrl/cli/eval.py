@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import jax
+
 from jaxrl import data as data_lib
 from jaxrl import eval as eval_lib
 from jaxrl import models, sharding
@@ -134,12 +136,14 @@ def images_of(args: argparse.Namespace) -> data_lib.ImageConfig | None:
 
 
 def load_model(args: argparse.Namespace):
-  """``(tokenizer, model, mesh, rules)`` of the options: the model on ``--mesh`` (one device without it)."""
+  """``(tokenizer, model, mesh, rules)`` of the options: the model on ``--mesh`` over this process's devices (one
+  device without it); under ``jax.distributed`` each process runs its own copy on its share of the problems."""
   if not args.model:
     raise ValueError(MISSING_MODEL)
   tokenizer = models.load_tokenizer(args.tokenizer or args.model)
   mesh_cfg = parse_mesh(args.mesh)
-  mesh, rules = (None, None) if mesh_cfg is None else (mesh_cfg.build(), mesh_cfg.logical_rules())
+  mesh, rules = (None, None) if mesh_cfg is None else (mesh_cfg.build(jax.local_devices()),
+                                                        mesh_cfg.logical_rules())
   return tokenizer, load_inference_model(args.model, dtype=args.dtype, mesh=mesh, rules=rules), mesh, rules
 
 
@@ -183,6 +187,8 @@ def run_one(args: argparse.Namespace, loaded, out_dir: Path, info: dict[str, obj
   except ConfigError as e:  # records of other settings in --out
     print(f"jaxrl eval: error: {e}", file=sys.stderr)
     return 2
+  if jax.process_index() != 0:  # process 0 writes the summary and prints the table
+    return 0
   result = eval_lib.summary(records, metrics, settings, skipped=problems.skipped, run_info=info)
   path = eval_lib.write_summary(out_dir, result)
   print(eval_lib.markdown(result))
@@ -209,6 +215,7 @@ def recipe_runs(args: argparse.Namespace, explicit: dict[str, object]) -> list[t
 def main(argv: list[str] | None = None) -> int:
   """Entry point of ``jaxrl eval``; prints the summary table(s) and returns the exit status."""
   args = build_parser().parse_args(argv)
+  sharding.initialize()  # multi-host when JAXRL_COORDINATOR/... or JAXRL_AUTO_DISTRIBUTED=1 are set (docs/multihost.md)
   try:
     if args.config:
       runs = recipe_runs(args, explicit_options(argv if argv is not None else sys.argv[1:]))

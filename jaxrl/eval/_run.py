@@ -6,15 +6,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxrl import data as data_lib
-from jaxrl import rewards, sampling, train
+from jaxrl import rewards, sampling, sharding, train
 from jaxrl.config import ConfigError, from_dict
 from jaxrl.rl import EncodedPrompts, EngineConfig, build_engine, read_records, reward_fields
 
@@ -24,6 +26,14 @@ SUMMARY = "summary.json"
 """The summary (metrics, settings, token counts, truncation rate) in the output directory."""
 SETTINGS = "settings.json"
 """What a resumed run must match: sampling settings, task, model and data."""
+BARRIER_TIMEOUT_S = 7 * 24 * 3600.0
+"""How long a process that finished its share waits for the others (the shares are balanced, not equal)."""
+
+
+def part_name(index: int, count: int) -> str:
+  """The records file of process ``index`` of ``count`` in a multi-process run (merged into ``records.jsonl``
+  by process 0 once every part is complete)."""
+  return f"records.part-{index}-of-{count}.jsonl"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -169,8 +179,9 @@ def problem_id(rec: dict[str, Any]) -> str:
   return str(rec["_where"])
 
 
-def read_done(path: Path) -> dict[int, dict[str, Any]]:
-  """Records already written, by line; a torn last line (a run killed mid-write) is dropped from the file."""
+def read_done(path: Path, *, repair: bool = True) -> dict[int, dict[str, Any]]:
+  """Records already written, by line; a torn last line (a run killed mid-write) is dropped from the file
+  (``repair``) or only ignored (``repair=False``: a file this process does not own)."""
   if not path.is_file():
     return {}
   lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -181,10 +192,18 @@ def read_done(path: Path) -> dict[int, dict[str, Any]]:
     except json.JSONDecodeError:
       if i != len(lines) - 1:
         raise data_lib.DataError(f"{path}:{i + 1}: not a JSON record (only the last line may be torn)") from None
-      path.write_text("".join(lines[:i]), encoding="utf-8")
+      if repair:
+        path.write_text("".join(lines[:i]), encoding="utf-8")
       break
     done[int(rec["line"])] = rec
   return done
+
+
+def _write_atomic(path: Path, text: str) -> None:
+  """Writes ``text`` to ``path`` through a temporary file and a rename: a reader sees the old or new file."""
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  tmp.write_text(text, encoding="utf-8")
+  os.replace(tmp, path)
 
 
 def check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
@@ -199,8 +218,8 @@ def check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
                        f"{ {k: old.get(k) for k in diff} } vs { {k: settings.get(k) for k in diff} }); "
                        f"use another --out or the same settings")
     return
-  out_dir.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+  out_dir.mkdir(parents=True, exist_ok=True)  # several processes may write it at once: the same text, atomically
+  _write_atomic(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def _problem_record(rec, prompt_tokens: int, out, rows: range, batch, threshold: float,
@@ -236,40 +255,86 @@ def _generate_and_score(sampler, scorer: rewards.RewardRunner, problems: Encoded
                           settings.correct_threshold, keep_text) for j, i in enumerate(todo)]
 
 
+def _parts(out_dir: Path) -> list[tuple[Path, int]]:
+  """The part files in ``out_dir`` with the process count of the run that wrote each."""
+  files = sorted(out_dir.glob("records.part-*-of-*.jsonl"))
+  return [(f, int(f.name.rsplit("-of-", 1)[1].split(".")[0])) for f in files]
+
+
+def _resume(out_dir: Path, own: Path, count: int) -> dict[int, dict[str, Any]]:
+  """Records already written that this process may count as done: its own file (a torn last line repaired),
+  ``records.jsonl`` and the parts of an earlier run with another process count (read only: the parts of this
+  run's other processes hold only their own shares and are being written)."""
+  done: dict[int, dict[str, Any]] = {}
+  others = [] if own.name == RECORDS else [out_dir / RECORDS]
+  for path in others + [f for f, c in _parts(out_dir) if c != count or own.name == RECORDS]:
+    done.update(read_done(path, repair=False))
+  done.update(read_done(own))
+  return done
+
+
+def _merge(out_dir: Path, problems: EncodedPrompts, index: int, count: int) -> list[dict[str, Any]]:
+  """Once every process has written its part (a barrier), process 0 writes every record, by line, into
+  ``records.jsonl`` (atomically) and removes the parts; returns the records of ``problems`` in file order."""
+  path = out_dir / RECORDS
+  sharding.barrier("eval-parts", timeout_s=BARRIER_TIMEOUT_S)
+  parts = [f for f, _ in _parts(out_dir)]
+  if index == 0 and (count > 1 or parts):
+    done = read_done(path, repair=False)
+    for f in parts:
+      done.update(read_done(f, repair=False))
+    missing = [_line(rec) for rec in problems.records if _line(rec) not in done]
+    if missing:
+      raise data_lib.DataError(f"{out_dir}: the parts lack the records of lines {missing[:10]}")
+    _write_atomic(path, "".join(json.dumps(done[k]) + "\n" for k in sorted(done)))
+    for f in parts:
+      f.unlink()
+  sharding.barrier("eval-merged", timeout_s=BARRIER_TIMEOUT_S)
+  done = read_done(path, repair=False)
+  return [done[_line(rec)] for rec in problems.records]
+
+
 def evaluate(sampler, scorer: rewards.RewardRunner, problems: EncodedPrompts, settings: EvalSettings,
              out_dir: str | Path, *, chunk: int = 8, keep_text: bool = True,
-             run_info: dict[str, Any] | None = None, desc: str = "eval") -> list[dict[str, Any]]:
+             run_info: dict[str, Any] | None = None, desc: str = "eval",
+             process: tuple[int, int] | None = None) -> list[dict[str, Any]]:
   """Generates and scores every problem not yet in ``out_dir/records.jsonl``, ``chunk`` problems per
   ``generate`` call, appending each chunk's records as it finishes; returns all records in file order.
 
   ``sampler`` is a :class:`jaxrl.sampling.Engine` or :class:`jaxrl.sampling.Sampler` (the same ``generate``).
   Progress (problems done, tokens/s, accuracy so far, ETA) goes through the training loop's logger, titled
-  ``desc``.
+  ``desc``. Under ``jax.distributed`` (``process`` = ``(index, count)``, default this process's) problem ``i``
+  goes to process ``i % count``, which appends its records to its own part (:func:`part_name`, resumed from
+  there); once all are complete process 0 merges them by line into ``records.jsonl``. A sample's draws depend on
+  the seed, its problem's line and its index only, so the records equal a one-process run's.
   """
   out_dir = Path(out_dir)
+  index, count = (jax.process_index(), jax.process_count()) if process is None else process
   check_settings(out_dir, {**dataclasses.asdict(settings), "stop_strings": list(settings.stop_strings),
                            **(run_info or {})})
-  path = out_dir / RECORDS
-  done = read_done(path)
-  todo = [i for i, rec in enumerate(problems.records) if _line(rec) not in done]
-  logger = train.process_logger(out_dir, 0, total_steps=len(problems), desc=desc,
+  own = out_dir / (RECORDS if count == 1 else part_name(index, count))
+  done = _resume(out_dir, own, count)
+  mine = [i for i in range(len(problems.records)) if i % count == index]
+  todo = [i for i in mine if _line(problems.records[i]) not in done]
+  logger = train.process_logger(out_dir, index, total_steps=len(mine), desc=desc,
                                 show=("problems", "tok/s", "accuracy"), tensorboard=False)
-  if done:
-    logger.note(f"resuming: {len(problems) - len(todo)} of {len(problems)} problems already in {path}")
-  tokens, correct, t0 = 0, [c for r in done.values() for c in r["correct"]], time.perf_counter()
-  with open(path, "a", encoding="utf-8") as f:
+  if len(todo) < len(mine):
+    logger.note(f"resuming: {len(mine) - len(todo)} of {len(mine)} problems already in {out_dir}")
+  tokens, t0 = 0, time.perf_counter()
+  lines = [_line(problems.records[i]) for i in mine]
+  correct = [c for k in lines if k in done for c in done[k]["correct"]]
+  with open(own, "a", encoding="utf-8") as f:
     for s in range(0, len(todo), max(1, chunk)):
       for record in _generate_and_score(sampler, scorer, problems, todo[s:s + chunk], settings, keep_text):
         f.write(json.dumps(record) + "\n")
-        done[record["line"]] = record
         tokens += sum(record["response_tokens"])
         correct += record["correct"]
       f.flush()
-      finished = len(problems) - len(todo) + min(s + chunk, len(todo))
+      finished = len(mine) - len(todo) + min(s + chunk, len(todo))
       logger.log(finished, {"problems": float(finished), "tok/s": tokens / max(time.perf_counter() - t0, 1e-9),
                             "accuracy": float(np.mean(correct)) if correct else math.nan})
   logger.close(f"{desc} progress")
-  return [done[_line(rec)] for rec in problems.records]
+  return _merge(out_dir, problems, index, count)
 
 
 def summary(records: Sequence[dict[str, Any]], metrics: Sequence[str], settings: EvalSettings, *,
