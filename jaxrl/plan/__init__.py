@@ -8,8 +8,9 @@ not ``cli``.
 """
 
 from jaxrl.plan._distill import teacher_programs
-from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs, recipe_budgets
-from jaxrl.plan._measure import Plan, Row, collective_bytes, measure_programs
+from jaxrl.plan._engine import EngineBudget, engine_budget, engine_programs, pool_programs, recipe_budgets
+from jaxrl.plan._eval import eval_budgets, eval_engine_config, eval_programs, eval_shapes
+from jaxrl.plan._measure import OPT_IN_PROGRAMS, Plan, Row, collective_bytes, measure_programs, program_names
 from jaxrl.plan._plan import advice, format_plan, load_recipe, main, plan_recipe, plan_targets
 from jaxrl.plan._pref import PREF_PROGRAMS, plan_pref
 from jaxrl.plan._programs import (PROGRAMS, PlanContext, Program, build_context, device_bytes, image_bucket, micro_batches,
@@ -18,6 +19,7 @@ from jaxrl.plan._vision import patches_per_image, runs_tower, vision_batch, visi
 from jaxrl.targets import TARGETS, Target, TargetUnavailable, get_target
 
 __all__ = [
+    "OPT_IN_PROGRAMS",
     "PREF_PROGRAMS",
     "PROGRAMS",
     "TARGETS",
@@ -34,6 +36,10 @@ __all__ = [
     "device_bytes",
     "engine_budget",
     "engine_programs",
+    "eval_budgets",
+    "eval_engine_config",
+    "eval_programs",
+    "eval_shapes",
     "format_plan",
     "get_target",
     "image_bucket",
@@ -42,6 +48,8 @@ __all__ = [
     "micro_batches",
     "patches_per_image",
     "plan_pref",
+    "pool_programs",
+    "program_names",
     "plan_recipe",
     "plan_targets",
     "register_programs",

@@ -154,7 +154,8 @@ def budgets(ctx: PlanContext) -> list[tuple[str, EngineBudget]]:
   return recipe_budgets(ctx.cfg, ctx.full_model_cfg or ctx.model_cfg, ctx.mesh, free_bytes=_free_bytes(ctx))
 
 
-def _embed_program(ctx: PlanContext, progs, params, co: dict, tag: str, prefill_rows: int) -> tuple[Program, Any]:
+def _embed_program(ctx: PlanContext, progs, params, co: dict, tag: str, prefill_rows: int,
+                   prefix: str = "engine") -> tuple[Program, Any]:
   """The engine's vision-tower program and the abstract features ``[prefill_rows, M, D]`` one prefill call takes.
 
   The engine embeds, in one call per patch bucket, every prompt it admits in a schedule step that has images
@@ -171,7 +172,7 @@ def _embed_program(ctx: PlanContext, progs, params, co: dict, tag: str, prefill_
   note = (f"vision tower over {rows} prompts x {bucket} patches ({cfg.data.images_per_prompt} x {per_image}-patch "
           f"images at max_pixels={cfg.data.images.max_pixels}, the engine's power-of-two bucket), once per prompt: "
           f"every prompt admitted in one schedule step (at most min(num_slots, prompts_per_step)), in one call")
-  return Program(name=f"engine_embed[{tag}]", fn=progs.embed, args=(params, images), kwargs={},
+  return Program(name=f"{prefix}_embed[{tag}]", fn=progs.embed, args=(params, images), kwargs={},
                  parts={**co, "batch": images}, flops=flops, note=note), feats
 
 
@@ -184,64 +185,75 @@ def engine_programs(ctx: PlanContext) -> list[Program]:
   eng = cfg.rollout.engine
   if eng is None:
     return []
-  mc = ctx.model_cfg
-  out = []
-  repl = NamedSharding(ctx.mesh, PartitionSpec())
   params, master = rollout_params(ctx)  # ``RLTrainer.sampling_model()``: compute-dtype weights
   resident_params = (master, reference_params(ctx) if cfg.algorithm.kl_coef > 0 else ())
-  opt_state = ctx.state.opt_state
+  co = {"params": (params, resident_params), "opt_state": ctx.state.opt_state}
+  resident = ((f"{ctx.model_cfg.dtype} weights read, float32 master weights, " if master else "")
+              + "optimizer state" + (" and KL reference" if cfg.algorithm.kl_coef > 0 else "") + " co-resident")
+  out = []
   for tag, b in budgets(ctx):
-    bad = b.check()
-    if bad:
-      raise ValueError(f"engine[{tag}]: {bad}")
-    max_blocks = sampling.blocks_for(b.max_len, b.block_size)
-    impl = sampling.paged_impl_for(mc.attention_impl)
-    progs = sampling.engine_programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(b.cache_dtype), impl,
-                                     b.num_slots, b.max_len, max_blocks, b.num_blocks, b.block_size, None)
-    page_shape = (mc.num_layers, b.num_blocks, b.block_size, mc.num_kv_heads, mc.head_dim)
-    page = jax.ShapeDtypeStruct(page_shape, jnp.dtype(b.cache_dtype), sharding=progs.page_sharding)
-    pages = (page, page)
-    co = {"params": (params, resident_params), "opt_state": opt_state, "kv_cache": pages}
-    budget_note = (f"pool {b.num_blocks} blocks x {b.block_size} = {b.tokens_resident} tokens "
-                   f"({b.bytes_per_device / 2**30:.2f} GiB per device); "
-                   + (f"{mc.dtype} weights read, float32 master weights, " if master else "")
-                   + "optimizer state" + (" and KL reference" if cfg.algorithm.kl_coef > 0 else "") + " co-resident")
-    vl, feats = {}, None
-    if mc.vision is not None:  # the tower once per prompt, its rows sliced into the prefill chunks
-      embed, feats = _embed_program(ctx, progs, params, co, tag, sampling.prefill_batch_rows(eng.prefill_rows, b.shards))
-      out.append(embed)
-    prompt_bucket = sampling.context_bucket(cfg.data.max_prompt_tokens - 1, 8, b.block_size, max_blocks)
-    longest = sampling.context_bucket(b.max_len - 2, 8, b.block_size, max_blocks)
-    for name, p in (("engine_prefill", prompt_bucket), ("engine_recompute", longest)):
-      if name == "engine_recompute" and p == prompt_bucket:
-        continue
-      u = sampling.prefill_batch_rows(eng.prefill_rows, b.shards)  # the engine's rows per call (row-local)
-      t = p if eng.prefill_chunk is None else min(eng.prefill_chunk, p)  # one chunk's queries over p slots
-      args = (params, pages, jax.ShapeDtypeStruct((u, t), jnp.int32, sharding=repl),
-              jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),
-              jax.ShapeDtypeStruct((u, p // b.block_size), jnp.int32, sharding=repl))
-      if t < p:
-        args += (jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),)  # start: the chunk's first position
-      if feats is not None:  # a chunk with image tokens: M-RoPE positions and the tower's rows
-        vl = dict(rope=jax.ShapeDtypeStruct((u, t, 3), jnp.int32, sharding=repl), feats=feats,
-                  feat_idx=jax.ShapeDtypeStruct((u, t), jnp.int32, sharding=repl),
-                  feat_mask=jax.ShapeDtypeStruct((u, t), jnp.bool_, sharding=repl))
-      out.append(Program(
-          name=f"{name}[{tag}]", fn=progs.prefill, args=args, kwargs=vl, parts={**co, "batch": (args[2:], vl)},
-          flops=mc.flops_per_token(p, training=False) * u * t,
-          note=(f"{u} rows x {p} tokens" if t == p else f"{u} rows x one {t}-token chunk of {p}")
-               + " into the paged pool; " + budget_note))
-    slots = jax.eval_shape(progs.empty_slots)
-    slots = abstract(slots, progs.slot_sharding) if progs.slot_sharding is not None else slots
-    stops = sampling.Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
-                           jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
-    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)
-    early = jax.ShapeDtypeStruct((), jnp.bool_, sharding=repl)
-    args = (params, pages, slots, stops, scalar, scalar, early)
+    out += pool_programs(ctx, eng, tag, b, params, co, resident, cfg.data.max_prompt_tokens)
+  return out
+
+
+def pool_programs(ctx: PlanContext, eng, tag: str, b: EngineBudget, params, co: dict, resident: str,
+                  max_prompt_tokens: int, prefix: str = "engine") -> list[Program]:
+  """The engine's programs on one pool ``b`` (settings ``eng``, an ``rl.EngineConfig``): prefill of the
+  longest prompt (``max_prompt_tokens``), recompute of the longest row and decode, with ``params`` read and
+  ``co`` (``parts`` beside the pool) resident; ``resident`` says what ``co`` holds in the rows' notes.
+  Rows are named ``{prefix}_prefill[tag]`` and so on."""
+  bad = b.check()
+  if bad:
+    raise ValueError(f"engine[{tag}]: {bad}")
+  mc, out = ctx.model_cfg, []
+  repl = NamedSharding(ctx.mesh, PartitionSpec())
+  max_blocks = sampling.blocks_for(b.max_len, b.block_size)
+  impl = sampling.paged_impl_for(mc.attention_impl)
+  progs = sampling.engine_programs(ctx.graphdef, mc, ctx.mesh, ctx.rules, jnp.dtype(b.cache_dtype), impl,
+                                   b.num_slots, b.max_len, max_blocks, b.num_blocks, b.block_size, None)
+  page_shape = (mc.num_layers, b.num_blocks, b.block_size, mc.num_kv_heads, mc.head_dim)
+  page = jax.ShapeDtypeStruct(page_shape, jnp.dtype(b.cache_dtype), sharding=progs.page_sharding)
+  pages = (page, page)
+  co = {**co, "kv_cache": pages}
+  budget_note = (f"pool {b.num_blocks} blocks x {b.block_size} = {b.tokens_resident} tokens "
+                 f"({b.bytes_per_device / 2**30:.2f} GiB per device); " + resident)
+  vl, feats = {}, None
+  if mc.vision is not None:  # the tower once per prompt, its rows sliced into the prefill chunks
+    embed, feats = _embed_program(ctx, progs, params, co, tag, sampling.prefill_batch_rows(eng.prefill_rows, b.shards),
+                                  prefix)
+    out.append(embed)
+  prompt_bucket = sampling.context_bucket(max_prompt_tokens - 1, 8, b.block_size, max_blocks)
+  longest = sampling.context_bucket(b.max_len - 2, 8, b.block_size, max_blocks)
+  for name, p in ((f"{prefix}_prefill", prompt_bucket), (f"{prefix}_recompute", longest)):
+    if name == f"{prefix}_recompute" and p == prompt_bucket:
+      continue
+    u = sampling.prefill_batch_rows(eng.prefill_rows, b.shards)  # the engine's rows per call (row-local)
+    t = p if eng.prefill_chunk is None else min(eng.prefill_chunk, p)  # one chunk's queries over p slots
+    args = (params, pages, jax.ShapeDtypeStruct((u, t), jnp.int32, sharding=repl),
+            jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),
+            jax.ShapeDtypeStruct((u, p // b.block_size), jnp.int32, sharding=repl))
+    if t < p:
+      args += (jax.ShapeDtypeStruct((u,), jnp.int32, sharding=repl),)  # start: the chunk's first position
+    if feats is not None:  # a chunk with image tokens: M-RoPE positions and the tower's rows
+      vl = dict(rope=jax.ShapeDtypeStruct((u, t, 3), jnp.int32, sharding=repl), feats=feats,
+                feat_idx=jax.ShapeDtypeStruct((u, t), jnp.int32, sharding=repl),
+                feat_mask=jax.ShapeDtypeStruct((u, t), jnp.bool_, sharding=repl))
     out.append(Program(
-        name=f"engine_decode[{tag}]", fn=progs.decode, args=args, kwargs={},
-        parts={**co, "batch": (slots, stops, scalar, scalar, early)},
-        flops=mc.flops_per_token(b.max_len, training=False) * b.num_slots * eng.steps_per_call,
-        note=f"{b.num_slots} slots, one call of up to {eng.steps_per_call} steps (model TFLOP at full context); "
-             + budget_note))
+        name=f"{name}[{tag}]", fn=progs.prefill, args=args, kwargs=vl, parts={**co, "batch": (args[2:], vl)},
+        flops=mc.flops_per_token(p, training=False) * u * t,
+        note=(f"{u} rows x {p} tokens" if t == p else f"{u} rows x one {t}-token chunk of {p}")
+             + " into the paged pool; " + budget_note))
+  slots = jax.eval_shape(progs.empty_slots)
+  slots = abstract(slots, progs.slot_sharding) if progs.slot_sharding is not None else slots
+  stops = sampling.Stops(jax.ShapeDtypeStruct((1, 1), jnp.int32, sharding=repl),
+                         jax.ShapeDtypeStruct((1,), jnp.int32, sharding=repl))
+  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)
+  early = jax.ShapeDtypeStruct((), jnp.bool_, sharding=repl)
+  args = (params, pages, slots, stops, scalar, scalar, early)
+  out.append(Program(
+      name=f"{prefix}_decode[{tag}]", fn=progs.decode, args=args, kwargs={},
+      parts={**co, "batch": (slots, stops, scalar, scalar, early)},
+      flops=mc.flops_per_token(b.max_len, training=False) * b.num_slots * eng.steps_per_call,
+      note=f"{b.num_slots} slots, one call of up to {eng.steps_per_call} steps (model TFLOP at full context); "
+           + budget_note))
   return out

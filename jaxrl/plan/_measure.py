@@ -239,9 +239,14 @@ def model_config(cfg, *, attention: str, layers: int | None):
   return dataclasses.replace(mc, **overrides)
 
 
+OPT_IN_PROGRAMS = ("eval",)
+"""Program groups compiled only when ``--programs`` names them (``eval``: ``jaxrl eval``'s engine, not training's)."""
+
+
 def program_names(programs) -> list[str]:
-  """The registered program groups ``programs`` names (all of them for ``None``); an unknown one is an error."""
-  names = list(PROGRAMS) if programs is None else list(programs)
+  """The registered program groups ``programs`` names (for ``None`` all but :data:`OPT_IN_PROGRAMS`); an
+  unknown one is an error."""
+  names = [n for n in PROGRAMS if n not in OPT_IN_PROGRAMS] if programs is None else list(programs)
   unknown = set(names) - set(PROGRAMS)
   if unknown:
     raise ValueError(f"--programs: unknown {sorted(unknown)}; known: {list(PROGRAMS)}")

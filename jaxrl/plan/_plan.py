@@ -57,6 +57,8 @@ def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: 
   if isinstance(cfg, DPOConfig):  # a preference recipe: its pair step and reference programs
     return plan_pref(cfg, target_name, attention=attention, layers=layers, programs=programs, recipe=recipe,
                      progress=progress, compile=compile)
+  if getattr(cfg, "asynchronous", None) is not None and program_names(programs) == ["eval"]:
+    cfg = dataclasses.replace(cfg, asynchronous=None)  # ``jaxrl eval`` runs on ``mesh.shape``, every device
   if getattr(cfg, "asynchronous", None) is not None:  # two sub-meshes, each planned on its own devices
     return plan_async(cfg, target_name, attention=attention, layers=layers, programs=programs, stages=stages,
                       recipe=recipe, progress=progress, compile=compile)
