@@ -99,15 +99,21 @@ def test_eval_custom_reward_interrupted_then_resumed(tmp_path, math_file, monkey
 
 def test_eval_math_task_on_the_sampler_and_errors(tmp_path, math_file, capsys):
   out = tmp_path / "out"
-  assert _cli.main(_args(math_file, out, "--backend", "sampler", "--limit", "2")) == 0
+  # --n 16 (the DeepScaleR-style run): the default metrics are avg@16, pass@1, pass@16 and maj@16, printed
+  assert _cli.main(_args(math_file, out, "--backend", "sampler", "--limit", "2", "--n", "16")) == 0
+  printed = capsys.readouterr().out
   records = read_jsonl(out / ev.RECORDS)
-  assert [r["id"] for r in records] == ["p0", "p1"]
+  assert [r["id"] for r in records] == ["p0", "p1"] and all(len(r["correct"]) == 16 for r in records)
   assert all(set(r["reasons"]) <= {"correct", "wrong_answer", "no_answer"} for r in records)
   summary = json.loads((out / ev.SUMMARY).read_text())
-  assert set(summary["metrics"]) == {f"avg@{N}", "pass@1", f"pass@{N}", f"maj@{N}"}
+  assert list(summary["metrics"]) == ["avg@16", "pass@1", "pass@16", "maj@16"]
+  assert all(name in printed for name in summary["metrics"])
+  correct = np.array([r["correct"] for r in records], dtype=float)
+  assert summary["metrics"]["avg@16"] == pytest.approx(correct.mean())
+  assert summary["metrics"]["pass@16"] == pytest.approx(correct.max(axis=1).mean())
   assert summary["task"] == "math" and summary["problems"] == 2
   # other settings in the same directory: refused, not mixed
-  assert _cli.main(_args(math_file, out, "--backend", "sampler", "--limit", "2", "--seed", "1")) == 2
+  assert _cli.main(_args(math_file, out, "--backend", "sampler", "--limit", "2", "--n", "16", "--seed", "1")) == 2
   assert "seed" in capsys.readouterr().err
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?"\n', encoding="utf-8")
