@@ -102,6 +102,21 @@ def test_info_in_a_clean_environment_prints_its_own_line_first():
   assert not [ln for ln in lines if "Traceback" in ln or "cudart" in ln or "TPU_" in ln], lines
 
 
+
+def test_quickstart_in_a_clean_environment_prints_its_own_line_first(tmp_path):
+  """The README's first command (``bash scripts/run.sh quickstart`` runs ``jaxrl quickstart``), shortened to one SFT
+  and one GRPO step, with no ``JAX_*`` / ``XLA_*`` / ``TPU_*`` variables and the ``plan`` extra's plugins installed:
+  its first line is its own SFT progress line, and no plugin traceback, CUDA stub or libtpu notice appears."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_", "TPU_", "TF_CPP"))}
+  env["PYTHONPATH"] = str(ROOT)
+  proc = subprocess.run([sys.executable, "-m", "jaxrl.cli", "quickstart", "--out-dir", str(tmp_path), "--sft-steps", "1",
+                         "--rl-steps", "1", "--no-tensorboard"], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+  assert lines and lines[0].startswith("sft 1/1"), lines[:5]
+  assert not [ln for ln in lines if "Traceback" in ln or "cudart" in ln or "TPU_" in ln], lines
+
 def test_only_the_pytorch_advice_of_transformers_is_dropped():
   _platform.quiet_torch_advice()
   _platform.quiet_torch_advice()  # idempotent: one filter
