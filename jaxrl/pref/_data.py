@@ -102,7 +102,15 @@ def read_pairs(paths: tuple[str, ...], tokenizer) -> list[Pair]:
   Raises:
     DataError: ``file:line: reason`` for the first line that is not a valid pair.
   """
-  pairs = []
+  return [encode_pair(tokenizer, record, where) for record, where in _jsonl_records(paths)]
+
+
+def _jsonl_records(paths: tuple[str, ...]):
+  """``(record, "file:line")`` for every non-blank line of the JSONL ``paths``, in file order.
+
+  Raises:
+    DataError: ``file:line: malformed JSON (...)``.
+  """
   for path in paths:
     with open(path, encoding="utf-8") as f:
       for n, line in enumerate(f, 1):
@@ -110,11 +118,9 @@ def read_pairs(paths: tuple[str, ...], tokenizer) -> list[Pair]:
           continue
         where = f"{path}:{n}"
         try:
-          record = json.loads(line)
+          yield json.loads(line), where
         except json.JSONDecodeError as e:
           raise data_lib.DataError(f"{where}: malformed JSON ({e.msg})", reason="malformed JSON") from None
-        pairs.append(encode_pair(tokenizer, record, where))
-  return pairs
 
 
 KTO_KEYS = ("prompt", "completion", "label")
@@ -132,19 +138,10 @@ def read_kto_units(paths: tuple[str, ...], tokenizer) -> list[Pair]:
     DataError: ``file:line: reason`` for the first line that is not a valid single; fewer than 2 records.
   """
   records, wheres = [], []
-  for path in paths:
-    with open(path, encoding="utf-8") as f:
-      for n, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        where = f"{path}:{n}"
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise data_lib.DataError(f"{where}: malformed JSON ({e.msg})", reason="malformed JSON") from None
-        _check_single(record, where)
-        records.append(record)
-        wheres.append(where)
+  for record, where in _jsonl_records(paths):
+    _check_single(record, where)
+    records.append(record)
+    wheres.append(where)
   if len(records) == 1:
     raise data_lib.DataError(f"{wheres[0]}: KTO needs at least 2 records (the KL estimate pairs a prompt with "
                              "another record's completion)", reason="no data")
