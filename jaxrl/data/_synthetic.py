@@ -73,8 +73,11 @@ class ArithmeticConfig:
     return cls(**{**presets[difficulty], **overrides})
 
 
-def solve(numbers: list[int], ops: list[str]) -> tuple[list[str], int]:
+def solve(numbers: list[int], ops: list[str], *, slip: tuple[int, int] | None = None) -> tuple[list[str], int]:
   """Evaluates ``n0 op0 n1 op1 ...`` with ``*`` first, then ``+``/``-`` left to right.
+
+  ``slip=(k, delta)`` makes step ``k``'s result off by ``delta`` and the later steps carry the wrong value on:
+  a worked answer with one wrong step (the rejected answers of the preference pairs, ``jaxrl.pref``).
 
   Returns:
     The steps (``"4*2=8"``, ...) in the order they are done, and the value.
@@ -87,6 +90,8 @@ def solve(numbers: list[int], ops: list[str]) -> tuple[list[str], int]:
       if ops[i] in level:
         a, b, op = numbers[i], numbers[i + 1], ops[i]
         value = a * b if op == "*" else a + b if op == "+" else a - b
+        if slip is not None and len(steps) == slip[0]:
+          value += slip[1]
         steps.append(f"{a}{op}{b}={value}")
         numbers[i:i + 2] = [value]
         del ops[i]

@@ -186,33 +186,13 @@ def _wrong_answer(rng: np.random.Generator, numbers: list[int], ops: list[str], 
   return f"{'; '.join(steps)}. Answer: {value + 1}"
 
 
-def _solve_with_slip(numbers: list[int], ops: list[str], slip: int, delta: int) -> tuple[list[str], int]:
-  """:func:`jaxrl.data.solve` with step ``slip``'s result off by ``delta``; the later steps carry the wrong
-  value on (a worked answer with one wrong intermediate or final step)."""
-  numbers, ops = list(numbers), list(ops)
-  steps = []
-  for level in (("*",), ("+", "-")):
-    i = 0
-    while i < len(ops):
-      if ops[i] in level:
-        a, b, op = numbers[i], numbers[i + 1], ops[i]
-        value = a * b if op == "*" else a + b if op == "+" else a - b
-        value += delta if len(steps) == slip else 0
-        steps.append(f"{a}{op}{b}={value}")
-        numbers[i:i + 2] = [value]
-        del ops[i]
-      else:
-        i += 1
-  return steps, numbers[0]
-
-
 def _slipped_answer(rng: np.random.Generator, numbers: list[int], ops: list[str], value: int) -> str | None:
   """A worked answer to the right question with one step's arithmetic wrong (off by 1 to 3) and the error
   carried to a wrong final answer; ``None`` when 32 draws all cancel out (a later ``*0``)."""
   for _ in range(32):
     slip = int(rng.integers(len(ops)))
     delta = int(rng.choice([-3, -2, -1, 1, 2, 3]))
-    steps, got = _solve_with_slip(numbers, ops, slip, delta)
+    steps, got = data_lib.solve(numbers, ops, slip=(slip, delta))
     if got != value:
       return f"{'; '.join(steps)}. Answer: {got}"
   return None
