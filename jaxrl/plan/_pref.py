@@ -19,12 +19,11 @@ import jax
 import jax.numpy as jnp
 import yaml
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl import config as config_lib
 from jaxrl import models, pref, sharding, train
 from jaxrl.plan._measure import Plan, build_mesh_shape, measure_programs, platform_attention
-from jaxrl.plan._programs import Program, _state_shardings, abstract
+from jaxrl.plan._programs import Program, abstract, abstract_train_state
 from jaxrl.plan._progress import Progress
 from jaxrl.rl import PlanSection
 from jaxrl.targets import get_target
@@ -80,12 +79,7 @@ def pref_programs(cfg: pref.DPOConfig, devices, mc: models.ModelConfig, names: t
   graphdef, state = nnx.split(models.abstract_model(mc, mesh=mesh, rules=rules))
   params = abstract(state, models.state_shardings(state, mesh, rules))
   optimizer = train.make_optimizer(cfg.optim, cfg.steps)
-  shape = jax.eval_shape(lambda p: train.init_train_state(p, optimizer), params)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  train_state = train.TrainState(
-      step=abstract(shape.step, replicated), params=params,
-      opt_state=abstract(shape.opt_state, _state_shardings(params, shape.opt_state, optimizer, mesh)),
-      skipped=abstract(shape.skipped, replicated))
+  train_state = abstract_train_state(params, optimizer, mesh)
   batch = _pair_batch(cfg, mesh, rules)
   reference = {"model": "copy", "precompute": "batch", "none": "none"}[cfg.reference]
   ref_copy = _reference_copy(params, mc.dtype) if reference != "none" else None

@@ -106,6 +106,17 @@ def device_bytes(tree) -> int:
   return total
 
 
+def abstract_train_state(params, optimizer, mesh) -> train.TrainState:
+  """The abstract :class:`train.TrainState` of the abstract ``params`` under ``optimizer``: step and skip
+  counter replicated, the optimizer state sharded like the parameters it tracks."""
+  shape = jax.eval_shape(lambda p: train.init_train_state(p, optimizer), params)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return train.TrainState(
+      step=abstract(shape.step, replicated), params=params,
+      opt_state=abstract(shape.opt_state, _state_shardings(params, shape.opt_state, optimizer, mesh)),
+      skipped=abstract(shape.skipped, replicated))
+
+
 def _state_shardings(params, opt_state, optimizer, mesh):
   """Optimizer-state leaves that mirror a parameter get its sharding; the rest are replicated."""
   replicated = NamedSharding(mesh, PartitionSpec())
@@ -129,12 +140,7 @@ def build_context(cfg: RLConfig, devices, model_cfg: models.ModelConfig, *,
   total_updates = cfg.steps * cfg.updates_per_step
   optimizer = train.make_optimizer(cfg.optim, total_updates)
   schedule = train.make_schedule(cfg.optim, total_updates)
-  shape = jax.eval_shape(lambda p: train.init_train_state(p, optimizer), params)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  train_state = train.TrainState(
-      step=abstract(shape.step, replicated), params=params,
-      opt_state=abstract(shape.opt_state, _state_shardings(params, shape.opt_state, optimizer, mesh)),
-      skipped=abstract(shape.skipped, replicated))
+  train_state = abstract_train_state(params, optimizer, mesh)
   rule_axes = rules.mesh_axes("batch")
   logprob_fn = make_logprob_fn(graphdef, temperature=cfg.rollout.temperature,
                                chunk_size=algo.logprob_chunk_size, lora=False)
