@@ -21,16 +21,11 @@ import jax.numpy as jnp
 import pytest
 
 from jaxrl import plan, sampling
+from plan_testlib import need
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = ["deepscaler_1p5b", "areal_1p5b", "dapo_qwen2p5_7b", "deepcoder_14b_grpo_plus"]
 
-
-def _need(target: str):
-  try:
-    plan.get_target(target).compile_devices()
-  except plan.TargetUnavailable as e:
-    pytest.skip(f"compile-only devices unavailable: {e}")
 
 
 def test_collective_bytes_parses_hlo_results():
@@ -163,7 +158,7 @@ def test_info_reports_the_engine_budget(capsys):
 
 
 def test_oversized_recipe_fails_naming_program_and_allocation(capsys, tmp_path):
-  _need("v5e-8")
+  need("v5e-8")
   out = tmp_path / "plan.json"
   rc = plan.main(["--config", str(CONFIGS / "deepcoder_14b_grpo_plus.yaml"), "--target", "v5e-8", "--layers", "1",
                   "--programs", "train", "--stages", "1", "--json", str(out)])
@@ -177,7 +172,7 @@ def test_oversized_recipe_fails_naming_program_and_allocation(capsys, tmp_path):
 def test_tpu_flash_kernel_lowers_for_v5p_under_highest_matmul_precision():
   """Mosaic refuses an fp32-precision dot on bf16 operands ("Bad lhs type"); the kernel states its dot
   precision, so a global "highest" (tests/conftest.py sets it) cannot reach it. Forward and backward."""
-  _need("v5p-8")
+  need("v5p-8")
   from jax.sharding import SingleDeviceSharding
 
   from jaxrl import kernels
@@ -196,7 +191,7 @@ def test_tpu_flash_kernel_lowers_for_v5p_under_highest_matmul_precision():
 @pytest.mark.parametrize("paged", [False, True])
 def test_tpu_decode_kernels_lower_for_v5p_under_highest_matmul_precision(paged):
   """The ragged and paged decode kernels state their dot precision too (bf16 cache, "highest" set)."""
-  _need("v5p-8")
+  need("v5p-8")
   from jax.sharding import SingleDeviceSharding
 
   from jaxrl import kernels
@@ -219,7 +214,7 @@ def test_tpu_decode_kernels_lower_for_v5p_under_highest_matmul_precision(paged):
 def test_tpu_kernel_lowers_when_no_mesh_axis_divides_the_rows():
   """2 rows on a v5p-8 mesh of fsdp=4 (the engine prefills 4 prompts on 32 chips of v5p-64): the kernel
   still runs under shard_map, rows whole on every chip, instead of being left to the partitioner."""
-  _need("v5p-8")
+  need("v5p-8")
   from jax.sharding import NamedSharding, PartitionSpec
 
   from jaxrl import kernels, sharding
@@ -246,7 +241,7 @@ def test_every_recipe_variant_fits_its_targets_from_shapes():
     targets = plan.load_recipe(str(CONFIGS / f"{recipe}.yaml")).plan.targets
     assert "h100x8" in targets and plan.get_target(targets[0]).platform == "tpu", (recipe, targets)
     for target in targets:
-      _need(target)
+      need(target)
       cfg = plan.load_recipe(str(CONFIGS / f"{recipe}.yaml"), target=target)
       result = plan.plan_recipe(cfg, target, programs=("train", "engine"), compile=False)
       name = lambda r: r.program.split("[")[0].split("/")[-1]  # asynchronous: rollout/..., trainer/... rows
@@ -268,7 +263,7 @@ def test_recipe_train_step_fits_its_tpu_target(recipe):
   cfg = plan.load_recipe(str(CONFIGS / f"{recipe}.yaml"))
   tpu = [t for t in cfg.plan.targets if plan.get_target(t).platform == "tpu"]
   assert tpu, f"{recipe}: plan.targets names no TPU target"
-  _need(tpu[0])
+  need(tpu[0])
   cfg = plan.load_recipe(str(CONFIGS / f"{recipe}.yaml"), target=tpu[0])  # with its plan.overrides variant
   last = len(cfg.rollout.context_schedule)
   # conftest sets "highest" matmul precision for CPU parity tests; plan what a user's run (and the CLI)
@@ -291,7 +286,7 @@ def test_every_recipe_program_fits_h100x8_with_the_triton_kernel(recipe):
   at least 10 % headroom (the CUDA compiler does not detect OOM itself: the plan
   compares memory_analysis() with HBM). Scanned layers make a full-depth compile as cheap as a 1-layer one
   (DeepCoder 14B: 13 s), and the 1-and-2-layer extrapolation overstated this program by up to 10 GiB."""
-  _need("h100x8")
+  need("h100x8")
   cfg = plan.load_recipe(str(CONFIGS / f"{recipe}.yaml"), target="h100x8")
   last = len(cfg.rollout.context_schedule)
   with jax.default_matmul_precision("default"):
@@ -310,7 +305,7 @@ def test_train_step_keeps_the_fsdp_state_sharded_on_every_target(target):
   """The update's ``lax.cond`` (the non-finite skip guard) left to the partitioner came out replicated on
   h100x8: each GPU held every updated weight and Adam moment (issue 11, DeepCoder's 165 GiB ``out``). The
   train step now pins the new state to the input state's shardings; the compiled outputs must say so."""
-  _need(target)
+  need(target)
   import optax
   from jax.sharding import NamedSharding, PartitionSpec
 

@@ -15,16 +15,11 @@ import numpy as np
 import pytest
 
 from jaxrl import models, plan, pref
+from plan_testlib import need
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPE = str(CONFIGS / "dpo_qwen2p5_7b.yaml")
 
-
-def _need(target: str):
-  try:
-    plan.get_target(target).compile_devices()
-  except plan.TargetUnavailable as e:
-    pytest.skip(f"compile-only devices unavailable: {e}")
 
 
 def test_tiny_dpo_recipe_compiles_and_accounts_its_inputs():
@@ -52,7 +47,7 @@ def test_tiny_dpo_recipe_compiles_and_accounts_its_inputs():
 def test_dpo_7b_recipe_fits_its_targets_from_shapes(target):
   """Inputs from shapes (float32 master weights and Adam moments, the bf16 reference copy, the batch) leave at
   least 10 % of HBM on every device: a lower bound of the compiled peak (compiled: docs/scaling.md)."""
-  _need(target)
+  need(target)
   cfg = plan.load_recipe(RECIPE, target=target)
   assert target in plan.plan_targets(cfg)
   result = plan.plan_recipe(cfg, target, compile=False)
@@ -85,7 +80,7 @@ def test_dpo_7b_recipe_compiles_and_fits_h100x8():
   90 s compile is recorded in docs/scaling.md, "Preference recipes", and its inputs are checked from shapes above)
   fit with at least 10 % of HBM left, and each compiled peak holds at least the inputs counted from shapes."""
   target = "h100x8"
-  _need(target)
+  need(target)
   cfg = plan.load_recipe(RECIPE, target=target)
   shapes = {r.program: r for r in plan.plan_recipe(cfg, target, compile=False).rows}
   result = plan.plan_recipe(cfg, target)

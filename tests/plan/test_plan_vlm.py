@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 
 from jaxrl import data as data_lib
 from jaxrl import models, plan, rewards
+from plan_testlib import need
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -30,12 +31,6 @@ TINY = ["model.hf_dir=" + str(FIXTURE), "model.overrides={}", "plan.preset=null"
         "data.images.max_pixels=50176", "rollout.max_new_tokens=64", "rollout.context_schedule=[]",
         "micro_batch.row_len=160", "micro_batch.token_budget=1280", "rollout.prompts_per_step=4", "rollout.n=4"]
 
-
-def _need(target: str):
-  try:
-    plan.get_target(target).compile_devices()
-  except plan.TargetUnavailable as e:
-    pytest.skip(f"compile-only devices unavailable: {e}")
 
 
 def _load(recipe: str, overrides=(), *, target: str | None = None):
@@ -136,7 +131,7 @@ def test_vlm_recipes_fit_their_targets_from_shapes(recipe):
   plan.overrides: the float32 weights and Adam moments, the engine's bf16 copy and KV pool, the per-row
   images, leave at least 10 % of HBM free. The engine runs the tower once per prompt (`engine_embed`)."""
   for target in ("v5p-8", "h100x8"):
-    _need(target)
+    need(target)
     cfg = _load(recipe, target=target)
     assert list(cfg.plan.targets) == ["v5p-8", "h100x8"]
     assert cfg.data.images.max_pixels == 1280 * 28 * 28
@@ -152,7 +147,7 @@ def test_vlm_recipes_fit_their_targets_from_shapes(recipe):
 def test_ptst_stages_plan_their_own_image_buckets():
   """Vision-R1's PTST stages (4K x 16, 8K x 8, 16K x 4) pack 3, 1 and 1 sequences into its 18,432-token rows:
   the per-row patch bucket follows (three 5120-patch images, then one)."""
-  _need("h100x8")
+  need("h100x8")
   cfg = _load("vision_r1_7b", target="h100x8")
   assert [(s.max_new_tokens, s.n) for s in cfg.rollout.context_schedule] == [(8192, 8), (16384, 4)]
   assert (cfg.rollout.max_new_tokens, cfg.rollout.n) == (4096, 16)
@@ -169,7 +164,7 @@ def test_vlm_engine_programs_compile_and_fit_h100x8(recipe):
   host with the Triton attention kernels: the tower over the prefill's prompts (`engine_embed`), the prefill
   and recompute with M-RoPE positions and the tower's rows, and the decode with per-slot rope deltas, fit with
   at least 10 % headroom. Slow: 1-3 minutes of CPU per recipe (the tower over 64-128 prompts compiles longest)."""
-  _need("h100x8")
+  need("h100x8")
   cfg = _load(recipe, target="h100x8")
   last = len(cfg.rollout.context_schedule)
   with jax.default_matmul_precision("default"):
@@ -188,7 +183,7 @@ def test_vlm_train_step_compiles_and_fits_h100x8(recipe):
   """The last stage's train step (remat, scanned micro-batches, AdamW, the vision tower over each row's images
   when the RL loss runs it), compiled at full depth for h100x8 with the Triton kernel, fits with at least 10 %
   headroom. Slow: the GPU compiler takes 3-4 minutes of CPU on this program (CapRL 3B: 202 s)."""
-  _need("h100x8")
+  need("h100x8")
   cfg = _load(recipe, target="h100x8")
   last = len(cfg.rollout.context_schedule)
   with jax.default_matmul_precision("default"):
