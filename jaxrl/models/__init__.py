@@ -24,7 +24,14 @@ from jaxrl.models._cache import (
     write_rows,
 )
 from jaxrl.models._config import PRESETS, VL_MODEL_TYPES, ModelConfig, RopeScaling
-from jaxrl.models._hf import check_tokenizer, config_from_dir, load_pretrained, load_tokenizer, save_pretrained
+from jaxrl.models._hf import (
+  check_tokenizer,
+  config_from_dir,
+  load_pretrained,
+  load_tokenizer,
+  save_pretrained,
+  tokenizer_fingerprint,
+)
 from jaxrl.models._lora import (
     LORA_LR_MULTIPLIER,
     LORA_MODULES,
@@ -148,6 +155,7 @@ __all__ = [
     "save_pretrained",
     "shard_model",
     "state_shardings",
+    "tokenizer_fingerprint",
     "write_page_blocks",
     "write_page_tokens",
     "write_rows",

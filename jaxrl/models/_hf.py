@@ -552,6 +552,19 @@ def load_tokenizer(path: str | os.PathLike):
     raise ValueError(f"{path}: could not load the tokenizer: {e}") from e
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+  """``sha256:<hex>`` over what makes token ids mean the same: ``get_vocab()`` (every token string and its id,
+  added tokens included), the special tokens and the bos/eos/pad/unk ids. Two tokenizers with equal fingerprints
+  turn text into the same ids and back; ``jaxrl serve`` lists its tokenizer's in ``/v1/models``, and a
+  distillation run checks its teacher server against the student's with it (docs/rl.md)."""
+  import hashlib
+  special = {k: getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "unk")}
+  blob = json.dumps({"vocab": sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0])),
+                     "special": sorted(getattr(tokenizer, "all_special_tokens", [])), "ids": special},
+                    ensure_ascii=False, separators=(",", ":"))
+  return "sha256:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
 def check_tokenizer(tokenizer, cfg: ModelConfig) -> None:
   """Raises if the tokenizer can emit ids the embedding has no row for (``len(tokenizer) > vocab_size``).
 

@@ -4,7 +4,8 @@ Under ``distill.mode: reverse_kl`` the trainer runs the frozen teacher (:class:`
 in the compute dtype, on the trainer's mesh) over every mini-batch's sampled tokens with the trainer's own
 log-prob program (``rl.make_logprob_program`` over ``rl.make_logprob_fn``); ``logprobs_teacher[sK]`` is that
 program at each stage's worst-case layout, its ``params`` the teacher's weights on one device. Under ``gkd`` the
-teacher's forward runs inside the train step (no row of its own; not planned yet, see docs/scaling.md).
+teacher's forward runs inside the train step (no row of its own; not planned yet, see docs/scaling.md). A
+``distill.server`` teacher runs outside the trainer's devices: no row.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def teacher_programs(ctx: PlanContext) -> list[Program]:
   """``logprobs_teacher[sK]`` per distinct micro-batch layout (module docstring); none without ``distill:`` or
   under ``distill.mode: gkd``."""
   cfg = ctx.cfg
-  if cfg.distill is None or cfg.distill.mode != "reverse_kl":
+  if cfg.distill is None or cfg.distill.mode != "reverse_kl" or cfg.distill.server is not None:
     return []
   graphdef, params, mc = teacher_params(ctx)
   fn_inner = make_logprob_fn(graphdef, temperature=cfg.rollout.temperature,

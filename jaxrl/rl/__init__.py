@@ -25,8 +25,9 @@ from jaxrl.rl._config import (
     RLEvalConfig,
     RolloutConfig,
 )
-from jaxrl.rl._distill_config import DistillConfig
+from jaxrl.rl._distill_config import DistillConfig, TeacherServerConfig
 from jaxrl.rl._distill import Teacher, check_shared_vocab
+from jaxrl.rl._distill_server import ServerTeacher
 from jaxrl.rl._engine_build import build_engine, build_sampler, rollout_max_len
 from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
 from jaxrl.rl._packing import PackedBatch, agree_patch_bucket, assign_micro_batches, pack_sequences
@@ -77,7 +78,9 @@ __all__ = [
     "RolloutSource",
     "RubricARM",
     "RubricARMConfig",
+    "ServerTeacher",
     "Teacher",
+    "TeacherServerConfig",
     "agree_patch_bucket",
     "arithmetic_pairs",
     "arithmetic_reward",

@@ -19,7 +19,8 @@ micro-batches:
   forward runs inside the update (no gradient, no stored activations).
 
 Teacher and student must share the tokenizer (and, for ``gkd``, the vocabulary size); :func:`check_shared_vocab`
-refuses otherwise, naming both sources.
+refuses otherwise, naming both sources. ``distill.server`` puts the teacher behind ``jaxrl serve`` instead
+(``reverse_kl`` only): :class:`jaxrl.rl._distill_server.ServerTeacher`.
 """
 
 from __future__ import annotations

@@ -9,11 +9,43 @@ from jaxrl.models import ModelSource
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherServerConfig:
+  """``distill.server``: a teacher behind ``jaxrl serve`` (:class:`jaxrl.rl._distill_server.ServerTeacher`)."""
+
+  base_url: str
+  "The server's OpenAI base URL, e.g. http://127.0.0.1:8001/v1 (``jaxrl serve --port 8001``)."
+  model: str
+  "The served model id (``jaxrl serve --served-model-name``); must be listed by ``/v1/models``."
+  api_key_env: str | None = None
+  "Environment variable holding the API key (sent as a bearer token); null: none."
+  timeout_s: float = 120.0
+  "Per-request timeout (connect and read), seconds."
+  max_concurrency: int = 4
+  "Most requests in flight at once."
+  prompts_per_request: int = 16
+  "Sequences scored by one ``/v1/completions`` request (the server scores a request's prompts in one forward)."
+
+  def __post_init__(self):
+    if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
+      raise ValueError(f"distill.server.base_url must be an http(s) URL, got {self.base_url!r}")
+    if not isinstance(self.model, str) or not self.model:
+      raise ValueError(f"distill.server.model must be the served model id, got {self.model!r}")
+    if self.timeout_s <= 0:
+      raise ValueError(f"distill.server.timeout_s must be > 0, got {self.timeout_s!r}")
+    for key in ("max_concurrency", "prompts_per_request"):
+      if getattr(self, key) < 1:
+        raise ValueError(f"distill.server.{key} must be >= 1, got {getattr(self, key)!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DistillConfig:
   """The ``distill:`` section: on-policy distillation from a frozen teacher (docs/rl.md)."""
 
-  teacher: ModelSource
+  teacher: ModelSource | None = None
   "The teacher model (preset or hf_dir; any size); frozen, built on the trainer's mesh in its compute dtype."
+  server: TeacherServerConfig | None = None
+  ("Instead of teacher: a teacher behind ``jaxrl serve`` that scores the sampled token ids with echo log-probs "
+   "(mode reverse_kl only; its tokenizer fingerprint must equal the student's).")
   tokenizer: str | None = None
   "The teacher's tokenizer dir; default its hf_dir, else the built-in tiny tokenizer. Must equal the student's."
   mode: Literal["reverse_kl", "gkd"] = "reverse_kl"
@@ -32,6 +64,15 @@ class DistillConfig:
   def __post_init__(self):
     if self.mode not in ("reverse_kl", "gkd"):
       raise ValueError(f"distill.mode: unknown {self.mode!r}; known: ['gkd', 'reverse_kl']")
+    if (self.teacher is None) == (self.server is None):
+      raise ValueError("distill: give exactly one of distill.teacher (in-process) and distill.server (a teacher "
+                       f"behind jaxrl serve); got {'both' if self.teacher is not None else 'neither'}")
+    if self.server is not None and self.mode != "reverse_kl":
+      raise ValueError(f"distill.server: mode {self.mode!r} needs the teacher's full next-token distributions, which "
+                       "a server does not return; use mode: reverse_kl (sampled-token log-probs) or distill.teacher")
+    if self.server is not None and self.tokenizer is not None:
+      raise ValueError("distill.tokenizer: applies to distill.teacher only (distill.server reports its tokenizer's "
+                       "fingerprint)")
     if self.coef <= 0:
       raise ValueError(f"distill.coef must be > 0, got {self.coef!r}")
     if self.reward_coef < 0:

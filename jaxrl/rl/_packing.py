@@ -22,6 +22,7 @@ import numpy as np
 from jaxrl import models, sharding
 
 FLOAT_KEYS = ("loss_mask", "advantages", "sampler_logprobs")
+OPTIONAL_FLOAT_KEYS = ("teacher_logprobs",)  # distill.server's teacher log-probs (jaxrl.rl.sequence_fields)
 IMAGE_KEYS = ("pixel_values", "grid_thw")  # per sample, not per token: packed per row by _pack_images
 
 
@@ -168,7 +169,7 @@ def pack_sequences(seqs: Sequence[dict[str, np.ndarray]], *, row_len: int, rows:
     raise ValueError("pack_sequences: samples carry pixel_values but no vision config was given (pass the "
                      "policy's model config .vision)")
   arrays = {k: np.zeros((m, rows, row_len, *np.shape(seqs[0][k])[1:]) if seqs else (m, rows, row_len),
-                        np.float32 if k in FLOAT_KEYS else np.int32) for k in keys}
+                        np.float32 if k in FLOAT_KEYS + OPTIONAL_FLOAT_KEYS else np.int32) for k in keys}
   arrays["positions"] = np.zeros((m, rows, row_len), np.int32)
   arrays["segment_ids"] = np.zeros((m, rows, row_len), np.int32)
   for mi, micro in enumerate(assignment):

@@ -202,11 +202,13 @@ def _advantage_program(fn, options: dict[str, Any]):
   return _PROGRAMS[key]
 
 
-def sequence_fields(rollout: Rollout, advantages: np.ndarray, mask: np.ndarray) -> list[dict[str, np.ndarray]]:
+def sequence_fields(rollout: Rollout, advantages: np.ndarray, mask: np.ndarray, *,
+                    teacher_logprobs: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
   """Per sample: next-token training arrays over ``prompt + response[:-1]`` (length ``P + L - 1``).
 
   ``tokens[t]`` predicts ``targets[t] = seq[t+1]``; response token ``k`` is the target at
-  ``t = P - 1 + k``, where ``loss_mask``, ``advantages`` and ``sampler_logprobs`` are placed.
+  ``t = P - 1 + k``, where ``loss_mask``, ``advantages``, ``sampler_logprobs`` and (given, ``[N, L]``: a
+  ``distill.server`` teacher's log-probs of the response tokens) ``teacher_logprobs`` are placed.
 
   A VLM rollout (``prompt_rope`` set) also gives ``rope_positions [P + L - 1, 3]`` (the prompt's M-RoPE
   positions, then ``position + delta``: what the sampler rotated by; never ``mrope_positions`` over the
@@ -233,6 +235,8 @@ def sequence_fields(rollout: Rollout, advantages: np.ndarray, mask: np.ndarray) 
         "sampler_logprobs": place(rollout.logprobs[i], np.float32),
         "group_ids": np.full((length,), rollout.group_ids[i], np.int32),
     })
+    if teacher_logprobs is not None:
+      out[-1]["teacher_logprobs"] = place(teacher_logprobs[i], np.float32)
     if rollout.prompt_rope is not None:
       tail = np.arange(len(p), len(seq), dtype=np.int32)[None]
       rope = np.concatenate([rollout.prompt_rope[i], models.decode_rope_positions(tail, rollout.rope_deltas[i:i + 1])[0]])

@@ -43,7 +43,8 @@ from jaxrl import rewards as rewards_lib
 from jaxrl.rewards import RewardRunner
 from jaxrl.rl import _critic
 from jaxrl.rl._config import RLConfig
-from jaxrl.rl._distill import Teacher, add_reverse_kl
+from jaxrl.rl._distill import Teacher, add_reverse_kl, describe_source
+from jaxrl.rl._distill_server import ServerTeacher
 from jaxrl.rl._engine_build import build_sampler, rollout_max_len
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout, step_metrics, update_metrics
 from jaxrl.rl._loss import make_logprob_fn
@@ -77,9 +78,15 @@ class RLTrainer:
     self.tokenizer = models.load_tokenizer(tok_dir)
     model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, model.cfg)
-    # On-policy distillation: the frozen teacher on the same mesh (refused here if its tokenizer differs)
-    self.teacher = (Teacher(cfg, student_tokenizer=self.tokenizer, student_cfg=model.cfg, student_tokenizer_dir=tok_dir,
-                            mesh=self.mesh, rules=self.rules) if cfg.distill is not None else None)
+    # On-policy distillation: the frozen teacher on the same mesh, or behind jaxrl serve (refused here if its
+    # tokenizer differs)
+    self.teacher: Teacher | ServerTeacher | None = None
+    if cfg.distill is not None and cfg.distill.server is not None:
+      self.teacher = ServerTeacher(cfg.distill.server, student_tokenizer=self.tokenizer,
+                                   student=describe_source(cfg.model, tok_dir), temperature=cfg.rollout.temperature)
+    elif cfg.distill is not None:
+      self.teacher = Teacher(cfg, student_tokenizer=self.tokenizer, student_cfg=model.cfg,
+                             student_tokenizer_dir=tok_dir, mesh=self.mesh, rules=self.rules)
     self.train_dtype = model.cfg.dtype  # the train step differentiates a view of the weights in this dtype
     algo = cfg.algorithm
     optim_cfg, lr_scale = cfg.optim, None
@@ -265,8 +272,9 @@ class RLTrainer:
   def _distill(self, batches: list[dict[str, jax.Array]], packed: list[PackedBatch]) -> dict[str, float]:
     """The teacher's log-probs of every mini-batch's sampled tokens; under ``distill.mode: reverse_kl`` each
     token's advantage gains ``coef · (log π_teacher − log π_student)`` (both from the trainer's log-prob program at
-    the rollout parameters). Returns ``distill/reverse_kl``, the step's mean ``log π_student − log π_teacher``
-    over the loss tokens (the k1 estimate of the reverse KL to the teacher), and the final ``advantage/abs_mean``."""
+    the rollout parameters; a ``distill.server`` teacher's came with the packed batch, ``teacher_logprobs``).
+    Returns ``distill/reverse_kl``, the step's mean ``log π_student − log π_teacher`` over the loss tokens (the k1
+    estimate of the reverse KL to the teacher), and the final ``advantage/abs_mean``."""
     coef = 0.0 if self._gkd else self.cfg.distill.coef
     sums = []
     for pb, batch in zip(packed, batches):
@@ -274,7 +282,9 @@ class RLTrainer:
       student = batch.pop("student_logprobs", None)
       if student is None:
         student = self._forward(self.state.params, batch, m)
-      teacher = self._logprob_program(self.teacher.logprob_fn, m)(self.teacher.params, batch)
+      teacher = batch.pop("teacher_logprobs", None)  # distill.server: read from the server by pack()
+      if teacher is None:
+        teacher = self._logprob_program(self.teacher.logprob_fn, m)(self.teacher.params, batch)
       batch["advantages"], got = add_reverse_kl(batch["advantages"], student, teacher, batch["loss_mask"],
                                                 np.float32(coef))
       sums.append(got)
@@ -320,7 +330,9 @@ class RLTrainer:
       adv_all, metrics = np.zeros_like(mask_all), {}
     mine = slice(r0, r0 + rollout.num_samples)
     local = dataclasses.replace(rollout, group_ids=(rollout.group_ids + g0).astype(np.int32))
-    seqs = sequence_fields(local, adv_all[mine], mask_all[mine])
+    remote = getattr(self.teacher, "remote", False)  # distill.server: the teacher's log-probs travel with the batch
+    seqs = sequence_fields(local, adv_all[mine], mask_all[mine],
+                           teacher_logprobs=self.teacher.logprobs(local) if remote else None)
     order = np.random.default_rng([cfg.seed, step]).permutation(int(groups.sum()))
     packed = []
     for chunk in np.array_split(order, algo.mini_batches):
@@ -332,6 +344,8 @@ class RLTrainer:
                           bucket=cfg.micro_batch.bucket, vision=self.vision)
       pb = pad_micro_batches(pb, int(sharding.allgather_scalar(pb.shape[0]).max()))
       pb = agree_patch_bucket(pb, self.vision)  # one per-row patch bucket on every process
+      if remote and "teacher_logprobs" not in pb.arrays:  # no sample of this process in the mini-batch
+        pb.arrays["teacher_logprobs"] = np.zeros_like(pb.arrays["loss_mask"])
       pb.arrays["mb_index"] = pb.arrays["mb_index"][..., None]
       packed.append(pb)
       if self.critic is not None:
@@ -565,6 +579,8 @@ class RLTrainer:
     self.preemption.uninstall()  # a run that raised leaves the handlers installed until here
     self.rewards.close()
     rewards_lib.close_judges()  # judge servers this process launched (`judge.launch`)
+    if isinstance(self.teacher, ServerTeacher):
+      self.teacher.close()
 
 
 def _on_mesh(tree, mesh):

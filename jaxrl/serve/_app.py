@@ -10,7 +10,10 @@ Unknown fields are ignored; a bad value is a 400 naming the field. Returned log-
 prompt tokens to the log-prob fields (``token_logprobs`` is ``None`` for the first token, as in OpenAI's
 API; ``text_offset`` indexes the returned text), as vLLM does; ``max_tokens: 0`` then scores the prompt
 without generating. Prompt log-probs come from one forward pass of the backend's current weights at
-temperature 1 (:mod:`jaxrl.serve._score`); ``echo`` is not served with ``stream``.
+temperature 1 (:mod:`jaxrl.serve._score`), or ``echo_temperature`` (a jaxrl extension: ``log_softmax(logits / T)``,
+what an RL trainer sampling at ``T`` computes); ``echo`` is not served with ``stream``. ``/v1/models`` lists
+the tokenizer's :func:`jaxrl.models.tokenizer_fingerprint` as ``tokenizer_fingerprint`` (a client checks that its
+token ids mean the same here).
 
 Streaming sends one server-sent event per generated token and ``data: [DONE]``. With the batch sampler
 as backend the events are sent once the completion is generated; the event format is the same for a
@@ -54,6 +57,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxrl import data as data_lib
+from jaxrl import models
 from jaxrl.sampling import IncrementalDetokenizer, TokenBytes
 from jaxrl.serve import _vision
 from jaxrl.serve._batcher import Batcher, GenRequest, RowResult
@@ -126,7 +130,7 @@ def _max_tokens(body: dict, prompts: list[list[int]], max_len: int, default: int
 
 
 def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_len: int, *,
-                 default_max_tokens: int | None, echo: bool = False,
+                 default_max_tokens: int | None, echo: bool = False, echo_temperature: float = 1.0,
                  prompt_texts: tuple[str | None, ...] = (), images: tuple = ()) -> GenRequest:
   max_tokens = _max_tokens(body, prompts, max_len, default_max_tokens, echo)
   seed = body.get("seed")
@@ -137,7 +141,7 @@ def _gen_request(body: dict, prompts: list[list[int]], top_logprobs: int, max_le
       temperature=_num(body, "temperature", 1.0, float, lambda v: 0 <= v <= 100),
       top_p=_num(body, "top_p", 1.0, float, lambda v: 0 < v <= 1), top_k=max(_num(body, "top_k", 0, int, lambda v: v >= -1), 0),
       seed=_num({"seed": seed}, "seed", 0, int, lambda v: True), stop=_stops(body), top_logprobs=top_logprobs,
-      echo=echo, prompt_texts=tuple(prompt_texts), images=images)
+      echo=echo, echo_temperature=echo_temperature, prompt_texts=tuple(prompt_texts), images=images)
 
 
 def _starts(deltas: list[str], start: int = 0) -> list[int]:
@@ -192,8 +196,8 @@ class _Api:
     else:  # echo only: no generation
       rows = [[RowResult([], [], [], [], "length", len(p)) for _ in range(req.n)] for p in req.prompts]
     if req.echo:  # one forward over the request's prompts, on the batcher's thread
-      scorer, prompts, k = self.scorer, req.prompts, req.top_logprobs
-      scored = await asyncio.wrap_future(self.batcher.call(lambda: scorer(prompts, k)))
+      scorer, prompts, k, temp = self.scorer, req.prompts, req.top_logprobs, req.echo_temperature
+      scored = await asyncio.wrap_future(self.batcher.call(lambda: scorer(prompts, k, temp)))
       rows = [[dataclasses.replace(r, prompt_logprobs=sc) for r in per] for per, sc in zip(rows, scored)]
     return rows
 
@@ -294,9 +298,12 @@ class _Api:
       raise RequestError("echo", "not supported with stream")
     if echo and self.scorer is None:
       raise RequestError("echo", "this backend cannot score prompts")
+    if body.get("echo_temperature") is not None and not echo:
+      raise RequestError("echo_temperature", "needs echo: true")
+    temp = _num(body, "echo_temperature", 1.0, float, lambda v: 0 < v <= 100)
     texts = tuple(p if isinstance(p, str) else None for p in prompt)
     return _gen_request(body, ids, k, self.max_len, default_max_tokens=_COMPLETION_DEFAULT_MAX_TOKENS, echo=echo,
-                        prompt_texts=texts)
+                        echo_temperature=temp, prompt_texts=texts)
 
   def prompt_text(self, req: GenRequest, p: int) -> str:
     text = req.prompt_texts[p] if p < len(req.prompt_texts) else None
@@ -404,6 +411,7 @@ def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_
   scorer = PromptScorer(backend) if hasattr(backend, "graphdef") and hasattr(backend, "params") else None
   batcher = Batcher(backend, max_batch_rows=max_batch_rows, batch_wait_s=batch_wait_s)
   api = _Api(tokenizer, batcher, model_name, backend.max_len, max_top_logprobs, scorer, image_config)
+  fingerprint = models.tokenizer_fingerprint(tokenizer)
   @contextlib.asynccontextmanager
   async def lifespan(_app):
     yield
@@ -450,7 +458,8 @@ def create_app(backend, tokenizer=None, *, model_name: str = "jaxrl", max_batch_
   @app.get("/v1/models")
   async def list_models():
     return {"object": "list", "data": [{"id": model_name, "object": "model", "created": api.created,
-                                        "owned_by": "jaxrl", "max_model_len": backend.max_len}]}
+                                        "owned_by": "jaxrl", "max_model_len": backend.max_len,
+                                        "tokenizer_fingerprint": fingerprint}]}
 
   @app.get("/health")
   async def health():

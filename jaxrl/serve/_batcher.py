@@ -56,6 +56,8 @@ class GenRequest:
   top_logprobs: int = 0
   echo: bool = False
   """``/v1/completions`` ``echo``: the prompt (with its log-probs) is prepended; ``max_tokens`` may be 0."""
+  echo_temperature: float = 1.0
+  """``echo_temperature`` (a jaxrl extension): the prompt log-probs are ``log_softmax(logits / T)``."""
   prompt_texts: tuple[str | None, ...] = ()
   """The prompts as sent, where they were text (for the echoed text and its offsets)."""
   images: tuple = ()

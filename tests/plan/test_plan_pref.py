@@ -62,7 +62,7 @@ def test_dpo_7b_recipe_fits_its_targets_from_shapes(target):
 def test_distill_teacher_logprob_program_is_planned_on_the_trainer_mesh():
   """configs/distill_tiny.yaml (reverse_kl): one ``logprobs_teacher`` row, compiled, whose params are the teacher's
   weights in its compute dtype (float32 here, replicated on the data-parallel CPU mesh), not the student's;
-  under ``distill.mode=gkd`` (the teacher runs inside the train step) no such row."""
+  under ``distill.mode=gkd`` (the teacher runs inside the train step) or with ``distill.server`` no such row."""
   cfg = plan.load_recipe(str(CONFIGS / "distill_tiny.yaml"))
   result = plan.plan_recipe(cfg, "cpu", attention="reference", programs=("teacher",))
   assert [r.program for r in result.rows] == ["logprobs_teacher[s0]"]
@@ -72,6 +72,9 @@ def test_distill_teacher_logprob_program_is_planned_on_the_trainer_mesh():
   assert row.status == "ok" and row.params == pytest.approx(4 * teacher.num_params(), rel=1e-3)
   gkd = plan.load_recipe(str(CONFIGS / "distill_tiny.yaml"), ["distill.mode=gkd"])
   assert plan.plan_recipe(gkd, "cpu", attention="reference", programs=("teacher",), compile=False).rows == []
+  server = plan.load_recipe(str(CONFIGS / "distill_tiny.yaml"), [  # a teacher behind jaxrl serve: not on this mesh
+      "distill.teacher=null", 'distill.server={"base_url": "http://127.0.0.1:8001/v1", "model": "teacher"}'])
+  assert plan.plan_recipe(server, "cpu", attention="reference", programs=("teacher",), compile=False).rows == []
 
 
 

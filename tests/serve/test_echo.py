@@ -58,3 +58,24 @@ def test_judge_sequence_logprob_through_jaxrl_serve_equals_trainer(tiny_sampler,
   n_ctx = len(tiny_sampler.tokenizer.encode(context))
   want = float(np.sum(trainer_logprobs(ids)[n_ctx - 1:], dtype=np.float64))  # the continuation's tokens
   assert judge.sequence_logprob(context, continuation) == pytest.approx(want, abs=1e-5)
+
+
+def test_echo_temperature_and_tokenizer_fingerprint(tiny_dir, tiny_sampler, client):
+  """``echo_temperature`` (a jaxrl extension) scores token-id prompts at ``log_softmax(logits / T)``, as the
+  trainer's recompute at ``rollout.temperature``; ``/v1/models`` lists the tokenizer's fingerprint."""
+  ids = tiny_sampler.tokenizer.encode("Q: 12*3=?\nA: 36")
+  graphdef, params = nnx.split(models.load_pretrained(tiny_dir, dtype="float32"))
+  t = len(ids) - 1
+  mb = {"tokens": jnp.asarray([ids[:-1]], jnp.int32), "targets": jnp.asarray([ids[1:]], jnp.int32),
+        "positions": jnp.arange(t, dtype=jnp.int32)[None], "segment_ids": jnp.ones((1, t), jnp.int32)}
+  want = np.asarray(make_logprob_fn(graphdef, temperature=0.7, chunk_size=16)(params, mb))[0]
+  r = client.completions.create(model="tiny", prompt=ids, echo=True, max_tokens=0, logprobs=0,
+                                extra_body={"echo_temperature": 0.7})
+  np.testing.assert_allclose(r.choices[0].logprobs.token_logprobs[1:], want, rtol=0, atol=1e-5)
+  with pytest.raises(openai.BadRequestError, match="echo_temperature: needs echo"):
+    client.completions.create(model="tiny", prompt=ids, max_tokens=1, extra_body={"echo_temperature": 0.7})
+  with pytest.raises(openai.BadRequestError, match="echo_temperature: value 0.0 is out of range"):
+    client.completions.create(model="tiny", prompt=ids, echo=True, max_tokens=0, extra_body={"echo_temperature": 0})
+  entry = client.models.list().data[0]
+  assert entry.tokenizer_fingerprint == models.tokenizer_fingerprint(tiny_sampler.tokenizer)
+  assert entry.tokenizer_fingerprint.startswith("sha256:")
