@@ -87,14 +87,14 @@ def step_end_rewards(token_rewards: np.ndarray, steps: np.ndarray) -> np.ndarray
   return out
 
 
-def check_same_tokenizer(policy_tok, reference_tok, *, policy: str, reference: str, key: str) -> None:
-  """Refuses a policy and reference whose token ids differ (``get_vocab()``, added tokens included)."""
-  a, b = policy_tok.get_vocab(), reference_tok.get_vocab()
-  if a != b:
-    diff = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])[:3]
-    raise ValueError(f"{key}: the policy's and the reference's tokenizers differ ({len(a)} vs {len(b)} tokens; "
-                     f"e.g. {diff}): policy {policy}, reference {reference}; the implicit reward "
-                     "log π_θ/π_ref needs one tokenizer")
+def check_same_tokenizer(tok_a, tok_b, *, a: str, b: str, key: str) -> None:
+  """Refuses two tokenizers whose token ids differ (``get_vocab()``, added tokens included); ``a`` and ``b`` name
+  them in the message, ``key`` is the config key it starts with."""
+  va, vb = tok_a.get_vocab(), tok_b.get_vocab()
+  if va != vb:
+    diff = sorted(set(va.items()) ^ set(vb.items()), key=lambda kv: kv[1])[:3]
+    raise ValueError(f"{key}: the tokenizers of {a} and {b} differ ({len(va)} vs {len(vb)} tokens; e.g. {diff}); "
+                     "the implicit reward log π_θ/π_ref of the sampled ids needs one tokenizer")
 
 
 class ImplicitPRM:
@@ -150,7 +150,7 @@ class ImplicitPRM:
     """The policy (e.g. ``out_dir/hf`` of ``jaxrl dpo``) and its reference (the DPO run's starting model) from
     Hugging Face directories; refuses tokenizers that differ. ``kwargs``: ``rows``, ``seq_len``, ``chunk_size``."""
     tok, ref_tok = models.load_tokenizer(policy), models.load_tokenizer(reference)
-    check_same_tokenizer(tok, ref_tok, policy=str(policy), reference=str(reference), key=key)
+    check_same_tokenizer(tok, ref_tok, a=f"the policy {policy}", b=f"the reference {reference}", key=key)
     load = lambda path: models.load_pretrained(path, mesh=mesh, rules=rules)
     return cls(load(policy), load(reference), tok, beta=beta, mesh=mesh, rules=rules, key=key, **kwargs)
 

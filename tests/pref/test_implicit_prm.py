@@ -126,18 +126,20 @@ def test_best_of_n_picks_the_largest_minimum_step_reward(prm):
   groups = [COMPLETIONS[:4], COMPLETIONS[1:], ["1\n2", "12", "1\n\n2\n"]]
   prompts = PROMPTS[:3]
   got = prm.best_of_n(prompts, groups)
-  want = []
+  want, by_total = [], []
   for p, g in zip(prompts, groups):
-    mins = []
+    mins, totals = [], []
     for c in g:
       q = prm.token_rewards([p], [c])[0]
       cuts = [i + 1 for i, ch in enumerate(c) if ch == "\n"]  # one token per character; end of turn: last step
       bounds = [0] + cuts + ([len(q)] if not cuts or cuts[-1] < len(q) else [])
       mins.append(min(q[a:b].sum() for a, b in zip(bounds[:-1], bounds[1:])))
+      totals.append(q.sum())
     want.append(int(np.argmax(mins)))
-
+    by_total.append(int(np.argmax(totals)))
   np.testing.assert_array_equal(got, want)
   assert any(w != 0 for w in want)
+  assert want != by_total  # the minimum step reward, not the sequence's total, decides
 
 
 def test_refusals_name_the_key(prm, prm_dirs, tmp_path):
@@ -151,7 +153,7 @@ def test_refusals_name_the_key(prm, prm_dirs, tmp_path):
   a, b = list(vocab)[5:7]
   vocab[a], vocab[b] = vocab[b], vocab[a]
   (other / "tokenizer.json").write_text(json.dumps(spec))
-  with pytest.raises(ValueError, match="tokenizers differ"):
+  with pytest.raises(ValueError, match="implicit_prm: the tokenizers of the policy .* and the reference .* differ"):
     pref.ImplicitPRM.load(prm_dirs[0], other, beta=BETA)
   with pytest.raises(ValueError, match="rows=3 must be a multiple"):
     pref.ImplicitPRM(prm_dirs[2], prm_dirs[3], prm_dirs[4], beta=BETA, rows=3)
