@@ -39,6 +39,9 @@ def rollout_process_rewards(prm: pref.ImplicitPRM, rollout: Rollout, *,
   Metrics: ``reward/prm_mean`` (the mean over samples of ``Σ_k r_k``) and ``reward/prm_min_step`` (of ``min_k r_k``,
   :func:`jaxrl.pref.min_step_reward`). ``detail``: per sample ``token_rewards``, ``step_ids``, ``step_rewards``.
   """
+  if rollout.policy_mask is not None or rollout.prompt_images is not None:
+    raise ValueError("reward.implicit_prm: rollouts with environment/tool tokens (policy_mask) or images are not "
+                     "scored by the implicit PRM so far (a text-only policy and reference score text responses)")
   completions = [rollout.tokens[i, :int(n)] for i, n in enumerate(rollout.lengths)]
   q = prm.score_ids(rollout.prompt_ids, completions)
   steps = [pref.step_ids(prm.tokenizer, c, delimiter) for c in completions]

@@ -13,6 +13,7 @@ from rl_testlib import TINY, make_config
 from jaxrl import data as data_lib
 from jaxrl import models, rl
 from jaxrl.rl import _critic
+from jaxrl.rl import _prm as rl_prm
 from jaxrl.rl import _trainer as trainer_mod
 
 BETA, COEF = 0.5, 0.7
@@ -189,3 +190,12 @@ def test_a_prm_with_another_tokenizer_than_the_policy_is_refused(tmp_path, prm_d
   tok.save_pretrained(str(tmp_path / "tok"))
   with pytest.raises(ValueError, match="reward.implicit_prm.policy: the tokenizers of .* differ"):
     rl.RLTrainer(other)
+
+
+def test_rollouts_with_tool_tokens_or_images_are_refused():
+  ro = rl.Rollout(prompt_ids=(np.ones(3, np.int32),), tokens=np.ones((1, 4), np.int32), logprobs=np.zeros((1, 4)),
+                  lengths=np.asarray([4]), truncated=np.zeros(1, bool), group_ids=np.zeros(1, np.int32),
+                  rewards=np.zeros(1, np.float32), task_rewards=np.zeros(1, np.float32), texts=("",),
+                  policy_mask=np.asarray([[1, 0, 0, 1]], np.float32))
+  with pytest.raises(ValueError, match="reward.implicit_prm: rollouts with environment/tool tokens"):
+    rl_prm.rollout_process_rewards(None, ro, delimiter="\n")
