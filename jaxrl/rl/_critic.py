@@ -264,7 +264,8 @@ class Critic:
     return self._value_program(num_micro)(self.state.params, batch)
 
   def fill(self, rollout, packed: Sequence[Any], batches: list[dict[str, jax.Array]],
-           to_device: Callable[[np.ndarray], jax.Array], *, token_rewards: np.ndarray | None = None) -> dict[str, float]:
+           to_device: Callable[[np.ndarray], jax.Array], *,
+           token_rewards: np.ndarray | None = None) -> dict[str, float]:
     """Computes the step's values and GAE; sets ``advantages``, ``returns``, ``old_values`` of ``batches``.
     ``token_rewards``: ``[N, L]`` dense rewards on the response tokens (e.g. ``reward.implicit_prm``'s step
     rewards), added to the KL penalty's."""

@@ -92,9 +92,10 @@ def _capture(monkeypatch, module, name):
 
 
 def test_rloo_step_advantages_equal_rloo_plus_prime_from_the_sampled_ids(tmp_path, prm_dirs, monkeypatch):
-  """An RLOO step's rollout and advantages (the update itself runs in the critic test): the PRM scored the rollout's own token ids (float64 numpy of separate forwards), and the
-  advantages the trainer packed equal RLOO's outcome term + coef × PRIME's process term recomputed by hand from the
-  logged task and step rewards; then a hand-made rollout with several newline-separated steps per response."""
+  """An RLOO step's rollout and advantages (the update itself runs in the critic test): the PRM scored the
+  rollout's own token ids (float64 numpy of separate forwards), and the advantages the trainer packed equal RLOO's
+  outcome term + coef × PRIME's process term recomputed by hand from the logged task and step rewards; then a
+  hand-made rollout with several newline-separated steps per response."""
   cfg = _prm_config(tmp_path, prm_dirs, **{"algorithm.advantage": "rloo"})
   fields = _capture(monkeypatch, trainer_mod, "sequence_fields")
   trainer = rl.RLTrainer(cfg)
