@@ -86,6 +86,7 @@ from jaxrl.losses._regularizers import (
     implicit_prm_step_rewards,
     negative_entropy_reward,
     negative_trajectory_entropy_reward,
+    prime_process_advantages,
     self_certainty,
     self_certainty_reward,
 )
@@ -200,6 +201,7 @@ __all__ = [
     "maxrl",
     "negative_entropy_reward",
     "negative_trajectory_entropy_reward",
+    "prime_process_advantages",
     "off_policy_sequence_mask",
     "opo",
     "overlong_filter_mask",

@@ -25,6 +25,7 @@ __all__ = [
     "implicit_prm_step_rewards",
     "negative_entropy_reward",
     "negative_trajectory_entropy_reward",
+    "prime_process_advantages",
     "self_certainty",
     "self_certainty_reward",
 ]
@@ -290,6 +291,55 @@ def implicit_prm_step_rewards(
   r = jnp.asarray(token_rewards).astype(jnp.float32)
   per_row = jax.vmap(lambda x, s: jax.ops.segment_sum(x, s, num_segments=num_steps + 1))(r, ids)
   return per_row[:, 1:]
+
+
+def prime_process_advantages(
+    process_rewards: jax.Array,  # [B, T]
+    response_mask: jax.Array,  # [B, T]
+    group_ids: jax.Array,  # [B] int
+    *,
+    num_groups: int,
+) -> jax.Array:  # [B, T]
+  r"""PRIME's process advantage: the return-to-go of leave-one-out-baselined dense process rewards.
+
+  For a group of ``K`` responses to one prompt, with dense rewards ``r_{i,t}`` on response ``i``'s tokens
+  (``|y_i|`` of them) and its mean ``\bar r_i = Σ_t r_{i,t} / |y_i|``:
+
+  .. math::
+
+      \tilde r_{i,t} = \frac{K}{K-1} r_{i,t} - \frac{1}{K-1} \sum_{j=1}^{K} \bar r_j, \qquad
+      A^{proc}_{i,t} = \sum_{s \ge t} \tilde r_{i,s} \quad (\gamma = 1)
+
+  This is the PRIME team's ``masked_rloo`` on ``rm_scores`` followed by the reversed cumulative sum
+  (verl ``recipe/prime/prime_core_algos.py``, ``compute_rloo_advantage_return``); the paper writes the
+  baseline as ``r_{i,t} − 1/(K−1) Σ_{j≠i} \bar r_j``, which differs from ``\tilde r_{i,t}`` by
+  ``(r_{i,t} − \bar r_i)/(K−1)``, a term that sums to 0 over the response (so ``A^{proc}_{i,0}`` is the same).
+  PRIME adds it to the outcome's leave-one-out advantage (the same formula with the outcome reward on the
+  last token), i.e. ``A = A^{proc} + A^{outcome}``; the caller adds it to any outcome estimator's advantage.
+  Groups of one response get 0 (no leave-one-out baseline); a response with no tokens counts in ``K``
+  with ``\bar r = 0``.
+
+  Args:
+    process_rewards: ``[B, T]`` dense rewards (e.g. step rewards of :func:`implicit_prm_step_rewards` at each
+      step's last token, or the token rewards of :func:`implicit_prm_rewards`).
+    response_mask: ``[B, T]`` response tokens.
+    group_ids: ``[B]`` prompt group of each response, in ``[0, num_groups)``.
+    num_groups: static number of groups.
+
+  Returns:
+    ``[B, T]`` float32 process advantages (0 off the mask).
+
+  References: Cui et al. 2025, "Process Reinforcement through Implicit Rewards" (arXiv 2502.01456), §3.3.
+  """
+  mask = jnp.asarray(response_mask) > 0
+  r = jnp.where(mask, jnp.asarray(process_rewards, jnp.float32), 0.0)  # [B, T]
+  g = jnp.asarray(group_ids, jnp.int32)
+  mean = r.sum(-1) / jnp.maximum(mask.sum(-1), 1)  # [B]
+  k = jax.ops.segment_sum(jnp.ones_like(mean), g, num_segments=num_groups)[g]  # [B] group size
+  total = jax.ops.segment_sum(mean, g, num_segments=num_groups)[g]  # [B] Σ_j mean_j
+  km1 = jnp.maximum(k - 1.0, 1.0)
+  tilde = jnp.where(mask & (k > 1)[:, None], r * (k / km1)[:, None] - (total / km1)[:, None], 0.0)
+  return jnp.where(mask, jnp.flip(jnp.cumsum(jnp.flip(tilde, -1), -1), -1), 0.0)
 
 
 def entropy_regularized_aggregate(

@@ -1,5 +1,6 @@
 """Preference optimisation: DPO and its family (``jaxrl.losses.PREFERENCE_LOSSES``) on packed pairs, and
-Bradley–Terry reward models (``loss.name: bradley_terry``) with the batched scorer ``jaxrl rl`` uses.
+Bradley–Terry reward models (``loss.name: bradley_terry``) with the batched scorer ``jaxrl rl`` uses, and the
+implicit process reward model of a DPO policy and its reference (:class:`ImplicitPRM`).
 
 Layer (docs/design.md): may import ``train`` and the layers below; not ``rl``, ``envs`` or anything above.
 """
@@ -20,6 +21,14 @@ from jaxrl.pref._data import (
     read_kto_units,
     read_pairs,
     write_builtin_pairs,
+)
+from jaxrl.pref._prm import (
+    ImplicitPRM,
+    check_same_tokenizer,
+    min_step_reward,
+    step_end_rewards,
+    step_ids,
+    step_rewards,
 )
 from jaxrl.pref._rm import (
     REWARD_HEAD_FILE,
@@ -55,6 +64,7 @@ __all__ = [
     "REWARD_HEAD_FILE",
     "RewardModel",
     "DPOConfig",
+    "ImplicitPRM",
     "DPOTrainer",
     "Pair",
     "PairPacking",
@@ -64,10 +74,12 @@ __all__ = [
     "PrefLoss",
     "answer_messages",
     "arithmetic_pairs",
+    "check_same_tokenizer",
     "encode_pair",
     "export_reward_model",
     "last_token_mask",
     "load_reward_model",
+    "min_step_reward",
     "pack_pairs",
     "pack_sequences",
     "pair_batch",
@@ -81,5 +93,8 @@ __all__ = [
     "reward_model_score",
     "rm_loss_fn",
     "sequence_scores",
+    "step_end_rewards",
+    "step_ids",
+    "step_rewards",
     "write_builtin_pairs",
 ]

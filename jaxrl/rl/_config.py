@@ -228,6 +228,36 @@ class RewardModelSection:
       raise ValueError(f"reward.model: rows >= 1 and seq_len >= 2, got {self.rows}, {self.seq_len}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImplicitPRMSection:
+  """``reward.implicit_prm``: a DPO-trained policy and its reference score every sampled response token by token
+  (:class:`jaxrl.pref.ImplicitPRM`, on the trainer's mesh); ``coef`` × the step rewards is a dense reward added to
+  the task reward (docs/rl.md, "Implicit process rewards")."""
+
+  policy: str
+  "The DPO-trained policy's HF directory (out_dir/hf of `jaxrl dpo`)."
+  reference: str
+  "Its reference: the DPO run's starting model (HF directory, the same tokenizer)."
+  beta: float
+  "β of the implicit reward q_t = β log π/π_ref (the DPO run's loss.beta)."
+  coef: float = 1.0
+  "Weight of the process rewards in the advantage (GAE: token rewards; critic-free: PRIME's process advantage)."
+  rows: int = 8
+  "Rows per scoring batch (a multiple of the data-parallel devices)."
+  seq_len: int = 512
+  "Tokens per row; must hold data.max_prompt_tokens + the longest max_new_tokens (never truncated)."
+  step_delimiter: str | None = "\n"
+  "Text that ends a step (its last token closes the step); null: every token is a step (PRIME's token rewards)."
+
+  def __post_init__(self):
+    if not self.beta > 0:
+      raise ValueError(f"reward.implicit_prm.beta must be > 0, got {self.beta!r}")
+    if self.rows < 1 or self.seq_len < 2:
+      raise ValueError(f"reward.implicit_prm: rows >= 1 and seq_len >= 2, got {self.rows}, {self.seq_len}")
+    if self.step_delimiter == "":
+      raise ValueError("reward.implicit_prm.step_delimiter: an empty string; give text or null")
+
+
 DEFAULT_REWARD = "jaxrl.rl:arithmetic_reward"
 """``reward.fn`` when none is given."""
 
@@ -246,6 +276,9 @@ class RewardSection:
   "A sample counts as correct (the `accuracy` metric) when its task reward exceeds this."
   model: RewardModelSection | None = None
   "A reward model instead of `fn`: {path: <rm dir>, rows, seq_len}; its score is the task reward."
+  implicit_prm: ImplicitPRMSection | None = None
+  ("Dense process rewards of a DPO policy and its reference, added to the task reward: {policy, reference, beta, "
+   "coef, rows, seq_len, step_delimiter}.")
 
   def __post_init__(self):
     if self.model is not None and (self.fn != DEFAULT_REWARD or self.kwargs):
@@ -457,6 +490,8 @@ class RLConfig:
       self.asynchronous.check(self)
     if self.distill is not None:
       self.distill.check(self)
+    if self.reward.implicit_prm is not None:
+      self._check_implicit_prm()
     if self.rollout.prompts_per_step % self.algorithm.mini_batches:
       raise ValueError(f"algorithm.mini_batches={self.algorithm.mini_batches} must divide "
                        f"rollout.prompts_per_step={self.rollout.prompts_per_step}")
@@ -470,6 +505,19 @@ class RLConfig:
     if self.micro_batch.row_len is None and self.micro_batch.token_budget < need:
       raise ValueError(f"micro_batch.token_budget={self.micro_batch.token_budget} is below one full sequence "
                        f"(data.max_prompt_tokens + max_new_tokens = {need})")
+
+  def _check_implicit_prm(self) -> None:
+    prm = self.reward.implicit_prm
+    need = self.data.max_prompt_tokens + self.rollout.max_max_new_tokens
+    if prm.seq_len < need:
+      raise ValueError(f"reward.implicit_prm.seq_len={prm.seq_len} cannot hold a full sequence: need >= "
+                       f"data.max_prompt_tokens + max_new_tokens = {need}")
+    if self.distill is not None:
+      raise ValueError("reward.implicit_prm: not with distill (the process advantage is the task reward's)")
+    smallest = min([self.rollout.n] + [s.n for s in self.rollout.context_schedule if s.n])
+    if self.critic is None and smallest < 2:
+      raise ValueError(f"reward.implicit_prm without a critic needs rollout.n >= 2 (PRIME's leave-one-out "
+                       f"baseline), got {smallest}")
 
   @property
   def row_len(self) -> int:

@@ -15,7 +15,8 @@ Per RL step (:class:`Critic`):
 2. On the host the values are unpacked per sample (:class:`ResponseMap`) and fed to the configured
    estimator (``gae`` or ``egae``) with the sequence reward at the last response token and, if
    ``critic.kl_reward_coef > 0``, the per-token penalty ``-β·KL(π_old‖π_ref)`` as dense rewards
-   (:func:`gae_advantages`). The advantages (whitened over the batch by default), λ-returns and old
+   (:func:`gae_advantages`), plus any dense rewards the trainer passes (``reward.implicit_prm``: ``coef · r_k`` at
+   the last token of each step k). The advantages (whitened over the batch by default), λ-returns and old
    values are written back into the packed batches.
 3. After every actor update, the critic takes one update on the same mini-batch with the clipped
    value loss (:func:`jaxrl.losses.value_loss`), aggregated like the policy loss.
@@ -263,8 +264,11 @@ class Critic:
     return self._value_program(num_micro)(self.state.params, batch)
 
   def fill(self, rollout, packed: Sequence[Any], batches: list[dict[str, jax.Array]],
-           to_device: Callable[[np.ndarray], jax.Array]) -> dict[str, float]:
-    """Computes the step's values and GAE; sets ``advantages``, ``returns``, ``old_values`` of ``batches``."""
+           to_device: Callable[[np.ndarray], jax.Array], *,
+           token_rewards: np.ndarray | None = None) -> dict[str, float]:
+    """Computes the step's values and GAE; sets ``advantages``, ``returns``, ``old_values`` of ``batches``.
+    ``token_rewards``: ``[N, L]`` dense rewards on the response tokens (e.g. ``reward.implicit_prm``'s step
+    rewards), added to the KL penalty's."""
     algo = self.cfg.algorithm
     shape = rollout.tokens.shape
     values = np.zeros(shape, np.float32)
@@ -284,7 +288,9 @@ class Critic:
         rmap.gather(got["kl"], kl)
         rmap.gather(got["mask"], loss_mask)
     mask = rollout.response_mask()
-    token_rewards = None if kl is None else -self.ccfg.kl_reward_coef * kl * loss_mask
+    if kl is not None:
+      penalty = -self.ccfg.kl_reward_coef * kl * loss_mask
+      token_rewards = penalty if token_rewards is None else token_rewards + penalty
     adv, returns, metrics = gae_advantages(
         name=algo.advantage, options=algo.advantage_kwargs, rewards=rollout.rewards, response_mask=mask,
         values=values, truncated=rollout.truncated, token_rewards=token_rewards,

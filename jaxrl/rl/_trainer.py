@@ -49,6 +49,7 @@ from jaxrl.rl._engine_build import build_sampler, rollout_max_len
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout, step_metrics, update_metrics
 from jaxrl.rl._loss import make_logprob_fn
 from jaxrl.rl._packing import PackedBatch, agree_patch_bucket, pack_sequences, pad_micro_batches
+from jaxrl.rl._prm import load_implicit_prm, process_advantages, rollout_process_rewards
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields, rm_prompt
 from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
 from jaxrl.rl._source import EngineRollout, RolloutSource
@@ -123,6 +124,11 @@ class RLTrainer:
       rm = cfg.reward.model
       self.reward_model = pref.RewardModel.load(rm.path, mesh=self.mesh, rules=self.rules, rows=rm.rows,
                                                 seq_len=rm.seq_len)
+    self.prm = None  # reward.implicit_prm: dense process rewards of the sampled token ids (process_rewards)
+    if cfg.reward.implicit_prm is not None:
+      self.prm = load_implicit_prm(cfg.reward.implicit_prm, mesh=self.mesh, rules=self.rules, tokenizer=self.tokenizer,
+                                   tokenizer_dir=tok_dir, chunk_size=algo.logprob_chunk_size)
+    self.last_prm: dict[str, Any] | None = None
     self.rewards = RewardRunner(pref.reward_model_score if self.reward_model else cfg.reward.fn,
                                 config=cfg.reward.runner, reward_kwargs=cfg.reward.kwargs)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
@@ -306,12 +312,26 @@ class RLTrainer:
   def _forward(self, params, batch: dict[str, jax.Array], num_micro: int, *, fn=None) -> jax.Array:  # [R·M, T]
     return self._logprob_program(fn or self.logprob_fn, num_micro)(params, batch, *self.frozen)
 
-  def pack(self, rollout: Rollout, step: int) -> tuple[list[PackedBatch], dict[str, float]]:
+  def process_rewards(self, rollout: Rollout) -> tuple[np.ndarray, dict[str, float]]:
+    """``reward.implicit_prm``'s dense rewards ``[N, L]`` of ``rollout`` (before ``coef``) and their metrics
+    (:func:`jaxrl.rl._prm.rollout_process_rewards`); the per-sample token and step rewards are kept in
+    :attr:`last_prm` (with ``dense``)."""
+    dense, metrics, self.last_prm = rollout_process_rewards(self.prm, rollout,
+                                                            delimiter=self.cfg.reward.implicit_prm.step_delimiter)
+    self.last_prm["dense"] = dense
+    return dense, metrics
+
+  def pack(self, rollout: Rollout, step: int, *,
+           process_rewards: np.ndarray | None = None) -> tuple[list[PackedBatch], dict[str, float]]:
     """Advantages, masks and this process's packed mini-batches of one step.
 
     Advantages and masks are computed over every process's samples (gathered scalars), the groups are
     split into mini-batches globally, and each process packs its own groups of each mini-batch into
     ``rows / processes`` rows per micro-batch; all processes pad to the same micro-batch count.
+
+    Under ``reward.implicit_prm`` without a critic, ``coef`` × PRIME's process advantage of ``process_rewards``
+    (:meth:`process_rewards`, computed here when not given; :func:`jaxrl.losses.prime_process_advantages`) is
+    added to the estimator's outcome advantage (with a critic they enter GAE in :meth:`update`).
     """
     cfg, algo = self.cfg, self.cfg.algorithm
     row_len, rows = self.layout(step)
@@ -326,6 +346,11 @@ class RLTrainer:
       adv_all, metrics = compute_advantages(everything, name=algo.advantage, options=algo.advantage_kwargs)
       if self.cfg.distill is not None:
         adv_all = adv_all * np.float32(self.cfg.distill.reward_coef)
+      if self.prm is not None:  # one process (ImplicitPRM refuses more): everything is this rollout
+        if process_rewards is None:
+          process_rewards, prm_metrics = self.process_rewards(rollout)
+          metrics.update(prm_metrics)
+        adv_all = adv_all + process_advantages(process_rewards, everything, coef=self.cfg.reward.implicit_prm.coef)
     else:  # GAE needs the critic's values of the packed batches: filled in by update() (Critic.fill)
       adv_all, metrics = np.zeros_like(mask_all), {}
     mine = slice(r0, r0 + rollout.num_samples)
@@ -362,7 +387,9 @@ class RLTrainer:
   def update(self, rollout: Rollout, step: int) -> dict[str, float]:
     """``ppo_epochs`` × mini-batches of updates on ``rollout``; returns the step's train metrics."""
     cfg, algo = self.cfg, self.cfg.algorithm
-    packed, metrics = self.pack(rollout, step)
+    dense, prm_metrics = self.process_rewards(rollout) if self.prm is not None else (None, {})
+    packed, metrics = self.pack(rollout, step, process_rewards=dense)
+    metrics.update(prm_metrics)
     recompute = algo.old_logprobs == "recompute" and (len(packed) > 1 or algo.ppo_epochs > 1)
     batches = []
     for pb in packed:  # π_old and π_ref of every mini-batch at the rollout parameters, before any update
@@ -377,7 +404,9 @@ class RLTrainer:
         batch["ref_logprobs"] = self._forward(self.state.params, batch, m, fn=self.ref_logprob_fn)
       batches.append(batch)
     if self.critic is not None:  # values → GAE advantages, returns and old values of every mini-batch
-      metrics.update(self.critic.fill(rollout, packed, batches, lambda a: self._device({"x": a})["x"]))
+      dense = None if dense is None else self.cfg.reward.implicit_prm.coef * dense
+      metrics.update(self.critic.fill(rollout, packed, batches, lambda a: self._device({"x": a})["x"],
+                                      token_rewards=dense))
     if self.teacher is not None:
       metrics.update(self._distill(batches, packed))
     extra = (self.teacher.params,) if self._gkd else ()

@@ -18,6 +18,7 @@ from jaxrl.losses._regularizers import (
     implicit_prm_step_rewards,
     negative_entropy_reward,
     negative_trajectory_entropy_reward,
+    prime_process_advantages,
     self_certainty,
     self_certainty_reward,
 )
@@ -135,6 +136,47 @@ def test_implicit_prm_rewards_and_step_sums():
                              atol=1e-7)
   steps = implicit_prm_step_rewards(q, jnp.asarray([[1, 1, 2, 0]]), num_steps=3)
   np.testing.assert_allclose(np.asarray(steps), [[0.5 * math.log(2), -0.5 * math.log(2), 0.0]], rtol=1e-6)
+
+
+def _np_prime(r, mask, groups):
+  """float64 loops, as PRIME's ``masked_rloo`` + reversed cumsum read: per group of K, each response's masked
+  mean; every masked token becomes ``r·K/(K−1) − Σ_j mean_j/(K−1)``; then the return-to-go over the response."""
+  out = np.zeros(r.shape)
+  for g in np.unique(groups):
+    members = np.flatnonzero(groups == g)
+    k = len(members)
+    if k < 2:
+      continue
+    means = [r[i][mask[i] > 0].mean() if mask[i].any() else 0.0 for i in members]
+    for i in members:
+      tilde = np.where(mask[i] > 0, r[i] * k / (k - 1) - sum(means) / (k - 1), 0.0)
+      for t in range(r.shape[1]):
+        out[i, t] = tilde[t:].sum() if mask[i, t] > 0 else 0.0
+  return out
+
+
+def test_prime_process_advantages_hand_example_and_float64_loops():
+  # One group of K = 2, one token each after the first: r = [[1, 3], [2, _]] (second response 1 token).
+  # Means 2 and 2; tilde = 2r − 4: [[-2, 2], [0]]; return-to-go: [[0, 2], [0]].
+  r = np.array([[1.0, 3.0], [2.0, 9.0]])
+  mask = np.array([[1, 1], [1, 0]], np.float32)
+  got = prime_process_advantages(jnp.asarray(r, jnp.float32), jnp.asarray(mask), jnp.asarray([0, 0]), num_groups=1)
+  np.testing.assert_allclose(np.asarray(got), [[0.0, 2.0], [0.0, 0.0]], atol=1e-6)
+  # Random: groups of 4, 3 and 1 (the singleton gets 0), ragged masks, an empty response.
+  rng = np.random.default_rng(3)
+  groups = np.array([0, 0, 0, 0, 1, 1, 1, 2])
+  r = rng.normal(size=(8, 6))
+  lengths = np.array([6, 3, 1, 5, 0, 2, 6, 4])
+  mask = (np.arange(6)[None] < lengths[:, None]).astype(np.float32)
+  got = np.asarray(prime_process_advantages(jnp.asarray(r, jnp.float32), jnp.asarray(mask), jnp.asarray(groups),
+                                            num_groups=3))
+  want = _np_prime(r, mask, groups)
+  assert np.abs(want).max() > 0.5 and not got[7].any()
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # Each response's first-token advantage equals the paper's form summed: Σ_t r_{i,t} − |y_i| · mean_{j≠i} mean_j.
+  i, members = 1, np.flatnonzero(groups == 0)
+  others = [r[j][mask[j] > 0].mean() for j in members if j != i]
+  np.testing.assert_allclose(got[i, 0], r[i, :3].sum() - 3 * np.mean(others), rtol=1e-5)
 
 
 def test_entropy_regularized_aggregate_matches_float64_numpy():
