@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jaxrl import sharding
+from jaxrl import rewards, sharding
 from jaxrl.rl._config import RolloutConfig
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream
 from jaxrl.rl._rollout import Rollout, concat_rollouts, informative_groups, total_rewards, vision_fields
@@ -64,6 +64,24 @@ class RolloutSource(Protocol):
   def close(self) -> None:
     """Releases the source's threads, pools and engine."""
     ...
+
+
+def monitor_metrics(infos, prefix: str = "reward") -> dict[str, float]:
+  """``{prefix}/monitor/<key>``: the mean of each ``info["monitor"]`` value over every process's samples that
+  report it (:func:`jaxrl.rewards.monitor_means` of the gathered values). A collective: every process calls it,
+  whatever its keys. Each value travels as a row with its key's UTF-8 bytes (padded to the longest key of any
+  process), so processes may report different keys; on several processes the values travel in float32 (x64 off)."""
+  pairs = rewards.monitor_values(infos)
+  names = [k.encode() for k, _ in pairs]
+  width = int(sharding.allgather_scalar(max(map(len, names), default=0)).max())
+  if not width:
+    return {}
+  codes = np.zeros((len(names), width), np.int32)
+  for i, b in enumerate(names):
+    codes[i, :len(b)] = np.frombuffer(b, np.uint8)
+  got, _ = sharding.allgather_rows({"key": codes, "value": np.asarray([v for _, v in pairs], np.float64)})
+  keys = [bytes(row[row > 0].astype(np.uint8)).decode() for row in got["key"]]
+  return rewards.monitor_means(list(zip(keys, got["value"].astype(np.float64).tolist())), prefix)
 
 
 RoundFn = Callable[..., tuple[Rollout, dict[str, float]]]
@@ -187,5 +205,5 @@ class EngineRollout:
         **(vision_fields(sampler.cfg, [prompts.ids[i] for i in idx for _ in range(n)], images) if images else {}))
     # time_reward: the wait for rewards after the last chunk generated (all of scoring without overlap).
     info = {"time_generate": t1 - t0, "time_reward": t2 - t1, "reward_errors": float(len(scored.errors))}
-    info |= {k: v for k, v in scored.metrics().items() if "/monitor/" in k}  # e.g. RubiCap's reward/monitor/*
+    info |= monitor_metrics(scored.infos)  # e.g. RubiCap's reward/monitor/*, over every process's samples
     return rollout, info

@@ -75,6 +75,9 @@ def test_one_max_len_rule_covers_the_stage_and_evaluation_budgets(tmp_path, eval
   cfg = make_config(tmp_path, **{"eval.max_new_tokens": eval_new, "rollout.context_schedule": schedule, "steps": 4,
                                  "micro_batch": {"token_budget": 768}})
   assert (rollout_max_len(cfg, 1), rollout_max_len(cfg, 3)) == want
+  # over steps 1 .. last (the asynchronous engine, built once): the largest stage within them
+  assert (rollout_max_len(cfg, 1, last=2), rollout_max_len(cfg, 1, last=4), rollout_max_len(cfg, 3, last=4)) == \
+      (want[0], max(want), want[1])
 
 
 def test_the_three_sources_implement_the_protocol():
@@ -82,3 +85,14 @@ def test_the_three_sources_implement_the_protocol():
   for cls in (rl.EngineRollout, EpisodeRollout, AsyncRollout):
     assert names <= set(vars(cls)), cls.__name__
   assert not {"_generate", "collect"} & set(vars(AgenticTrainer))  # it passes a source instead
+
+
+def test_monitor_metrics_average_each_key_over_the_samples_that_report_it():
+  """``info["monitor"]`` values: each key's mean over its reporters (absent keys and missing infos do not count),
+  through the gather's key encoding (non-ASCII keys survive)."""
+  from jaxrl.rl._source import monitor_metrics
+  infos = [{"monitor": {"words": 3, "self_praise": 1.0}}, {"monitor": {"words": 6}}, {}, {"reason": "x"},
+           {"monitor": {"words": 12.5, "länge": 2}}]
+  assert monitor_metrics(infos, "eval") == {"eval/monitor/words": (3 + 6 + 12.5) / 3,
+                                            "eval/monitor/self_praise": 1.0, "eval/monitor/länge": 2.0}
+  assert monitor_metrics([{}, {"monitor": {}}]) == {}
