@@ -21,12 +21,12 @@ class AsyncConfig:
   one step ahead; the weights change only between batches, so every trajectory has one version and a
   staleness of at most 1 (``max_staleness`` must stay 1).
 
-  Works with ``lora:`` (only the adapters move to the rollout devices at each version) and with
+  Works with ``lora:`` (only the adapters move to the rollout devices at each version), with
   ``rollout.dynamic_sampling`` (rounds of ``B`` groups, filtered as synchronously, under the same
   bound) and with ``rollout.context_schedule`` (PTST: each group is generated with the stage of the step that
-  trains it; not together with dynamic sampling); needs ``rollout.engine``. On several processes each rolls out its own share on its own devices
-  (``rollout_devices`` and ``rollout.engine.num_slots`` count all processes'; no dynamic sampling there yet;
-  docs/async.md, "Several processes").
+  trains it; not together with dynamic sampling); needs ``rollout.engine``. On several processes each rolls out
+  its own share on its own devices (``rollout_devices`` and ``rollout.engine.num_slots`` count all processes';
+  no dynamic sampling there yet; docs/async.md, "Several processes").
   """
 
   mode: Literal["areal", "one_off"] = "areal"

@@ -8,9 +8,8 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from rl_testlib import digit_fraction, make_config
+from rl_testlib import digit_monitor, make_config
 
-from jaxrl.rewards import RewardResult
 from jaxrl.rl import RLTrainer
 from jaxrl.rl._async import AsyncRLTrainer
 
@@ -22,23 +21,14 @@ PTST = {"rollout.n": 4, "rollout.max_new_tokens": 8, "rollout.context_schedule":
     {"start_step": 2, "max_new_tokens": 16, "n": 2}], "eval.max_new_tokens": 16, "eval.prompts": 3, "eval.samples": 2,
     "eval.temperature": 1.0,
     "steps": 2,
-    "rollout.engine": ENGINE, "algorithm.objective": "decoupled_ppo", "reward.fn": "test_async_ptst:monitored"}
-
-
-def monitor(completion: str) -> dict[str, float]:
-  """Every sample reports ``chars``; only those with a digit report ``digits`` (a mean over the reporters)."""
-  digits = sum(c.isdigit() for c in completion)
-  return {"chars": float(len(completion)), **({"digits": float(digits)} if digits else {})}
-
-
-def monitored(prompt, completion, **fields):
-  return RewardResult(value=digit_fraction(prompt, completion, **fields), info={"monitor": monitor(completion)})
+    "rollout.engine": ENGINE, "algorithm.objective": "decoupled_ppo",
+    "reward.fn": "rl_testlib:monitored_digit_fraction"}
 
 
 def hand_means(texts, prefix):
   values = collections.defaultdict(list)
   for t in texts:
-    for k, v in monitor(t).items():
+    for k, v in digit_monitor(t).items():
       values[f"{prefix}/monitor/{k}"].append(v)
   return {k: sum(v) / len(v) for k, v in values.items()}
 
