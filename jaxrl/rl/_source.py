@@ -98,7 +98,7 @@ def draw_rounds(generate: RoundFn, step: int, stream: PromptStream, r: RolloutCo
   are all equal are dropped and rounds continue (at most ``r.max_rounds``) until ``prompts_per_step``
   informative groups are kept, first ones first; the decision uses every process's groups, in process
   order, so it is the same everywhere. Round metrics ``time_*`` and ``reward_errors`` add up, others are
-  averaged over the rounds.
+  averaged over the rounds that report them.
   """
   _, max_new, n = r.stage(step)
   want = r.prompts_per_step
@@ -130,7 +130,8 @@ def draw_rounds(generate: RoundFn, step: int, stream: PromptStream, r: RolloutCo
   if r.dynamic_sampling:
     metrics.update({"dynamic/groups_kept": float(n_kept), "dynamic/rounds": float(len(drawn)),
                     "dynamic/groups_generated": float(len(drawn) * want)})
-  metrics.update({k: float(np.mean([i[k] for i in infos])) for k in infos[0] if k not in _TIMES})
+  keys = dict.fromkeys(k for i in infos for k in i if k not in _TIMES)  # a monitor key may be in some rounds only
+  metrics.update({k: float(np.mean([i[k] for i in infos if k in i])) for k in keys})
   if not n_kept:
     rollout = None
   elif not kept:  # other processes hold every kept group: an empty share (all processes still update)

@@ -38,7 +38,12 @@ def test_dynamic_sampling_rounds_keep_the_first_informative_groups_and_add_up_ro
   informative = {order[1], order[3], order[4], order[5]}
   rewards = {p: ([0.0, 1.0] if p in informative else [1.0, 1.0]) for p in range(6)}
   calls = []
-  batch = draw_rounds(_scripted(rewards, calls), 1, stream, r)
+  scripted = _scripted(rewards, calls)
+
+  def generate(*args, **kw):  # a monitor only the second round's samples report (averaged over that round alone)
+    ro, info = scripted(*args, **kw)
+    return ro, info | ({"reward/monitor/x": 4.0} if len(calls) == 2 else {})
+  batch = draw_rounds(generate, 1, stream, r)
   assert [c[0] for c in calls] == [order[:3], order[3:6]] and [c[1] for c in calls] == [[0, 1, 2], [3, 4, 5]]
   assert all(c[2:] == (5, N) for c in calls)
   assert [int(p[0]) for p in batch.rollout.prompt_ids[::N]] == [order[1], order[3], order[4]]
@@ -46,7 +51,7 @@ def test_dynamic_sampling_rounds_keep_the_first_informative_groups_and_add_up_ro
   assert batch.drawn.num_samples == 6 * N and stream.drawn == 6
   assert batch.metrics == {"time_generate": 3.0, "time_reward": 0.5, "reward_errors": 2.0,
                            "dynamic/groups_kept": 3.0, "dynamic/rounds": 2.0, "dynamic/groups_generated": 6.0,
-                           "agent/turns_mean": 1.5}
+                           "agent/turns_mean": 1.5, "reward/monitor/x": 4.0}
 
 
 def test_a_step_without_an_informative_group_trains_nothing_and_one_round_is_the_batch_without_dynamic_sampling():
