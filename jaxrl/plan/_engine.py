@@ -119,8 +119,9 @@ def engine_budget(model_cfg: models.ModelConfig, mesh: Mesh, rules: sharding.Log
 
 def stage_max_len(cfg, step: int) -> int:
   """The engine's ``max_len`` at RL step ``step`` of recipe ``cfg``: the trainer's own rule,
-  :func:`jaxrl.rl.rollout_max_len`."""
-  return rollout_max_len(cfg, step)
+  :func:`jaxrl.rl.rollout_max_len`; an asynchronous recipe's engine is built once for every stage to come
+  (``last=steps``), so its stages share one budget."""
+  return rollout_max_len(cfg, step, last=cfg.steps if getattr(cfg, "asynchronous", None) is not None else None)
 
 
 def recipe_budgets(cfg, model_cfg: models.ModelConfig, mesh: Mesh, *, free_bytes: int | None = None,

@@ -116,6 +116,8 @@ from jaxrl.rewards._runner import (
     RewardRunner,
     RewardRunnerConfig,
     RewardWorkersDied,
+    monitor_means,
+    monitor_values,
 )
 from jaxrl.rewards._vision_r1 import HardFormatConfig, hard_format_reward
 from jaxrl.rewards._sandbox import (
@@ -225,6 +227,8 @@ __all__ = [
   "load_reward",
   "math_backends",
   "math_reward",
+  "monitor_means",
+  "monitor_values",
   "normalize_answer",
   "outputs_match",
   "parse_tests",

@@ -135,16 +135,26 @@ class RewardBatch:
     out = {f"{prefix}/errors": float(len(self.errors))}
     if len(r):
       out |= {f"{prefix}/mean": r.mean(), f"{prefix}/std": r.std(), f"{prefix}/min": r.min(), f"{prefix}/max": r.max()}
-    monitored: dict[str, list[float]] = {}
     for info in self.infos:
       reason = info.get("reason")
       if isinstance(reason, str):
         key = f"{prefix}/reason/{reason}"
         out[key] = out.get(key, 0.0) + 1.0
-      for k, v in (info.get("monitor") or {}).items():
-        monitored.setdefault(f"{prefix}/monitor/{k}", []).append(float(v))
-    out |= {k: float(np.mean(v)) for k, v in monitored.items()}
+    out |= monitor_means(monitor_values(self.infos), prefix)
     return {k: float(v) for k, v in out.items()}
+
+
+def monitor_values(infos: Sequence[Mapping[str, Any] | None]) -> list[tuple[str, float]]:
+  """Every ``(key, value)`` of the samples' ``info["monitor"]`` dicts, in sample order."""
+  return [(str(k), float(v)) for info in infos for k, v in ((info or {}).get("monitor") or {}).items()]
+
+
+def monitor_means(pairs: Sequence[tuple[str, float]], prefix: str = "reward") -> dict[str, float]:
+  """``{prefix}/monitor/<key>``: the mean of each key's values over the samples that report it."""
+  monitored: dict[str, list[float]] = {}
+  for k, v in pairs:
+    monitored.setdefault(f"{prefix}/monitor/{k}", []).append(v)
+  return {k: float(np.mean(np.asarray(v, np.float64))) for k, v in monitored.items()}
 
 
 def _evaluate(fn: Callable[..., Any], prompt: str, completion: str, fields: Mapping[str, Any]):

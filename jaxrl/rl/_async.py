@@ -39,6 +39,13 @@ that spans processes (the batch's gathers, the update, the weight hand-off's all
 thread, in step order on every process, after a coordinator barrier; the bound holds per process, hence for
 the whole batch. Dynamic sampling is not supported there yet.
 
+Context stages (``rollout.context_schedule``, e.g. Vision-R1's PTST). A group's stage is the stage of the step
+that trains it: group ``k`` (admission order) lands in batch ``⌊k/B⌋``, so admission generates it with the
+``max_new_tokens`` and ``n`` of step ``⌊k/B⌋ + 1``, even while an earlier stage trains; batches never mix
+stages. The engine is built once with the largest stage's ``max_len``; the learner takes each step's stage (row
+length, aggregation length), and a new stage starts from the forced checkpoint of its previous step, as
+synchronously. Not with dynamic sampling (a group's batch is only known once earlier rounds are filtered).
+
 Resume. The checkpoint of step ``s`` holds the trainer's prompt stream at group ``s·B``; the groups
 admitted beyond it are not saved, and a resume re-admits them (same prompts and request ids) at version
 ``s``: exact for ``η = 0``, fresher first batches for ``η > 0`` (docs/async.md, "Resume").
@@ -162,11 +169,13 @@ class AsyncRLTrainer(RLTrainer):
 
   def _build_engine(self, version: int) -> sampling.Engine:
     """The rollout engine on the rollout sub-mesh, holding the parameters of ``version`` (this process's share of
-    the slots; :func:`jaxrl.rl.build_engine`, sized by :func:`jaxrl.rl.rollout_max_len`)."""
+    the slots; :func:`jaxrl.rl.build_engine`), built once: its ``max_len`` covers the largest context stage of the
+    steps left (:func:`jaxrl.rl.rollout_max_len` over them), as admission runs ahead into later stages."""
     cfg = self.cfg
     model, dt = self.rollout_model()
     self.transfer_times.append(dt)
-    return build_engine(model, self.tokenizer, cfg.rollout.engine, max_len=rollout_max_len(cfg, version + 1),
+    return build_engine(model, self.tokenizer, cfg.rollout.engine,
+                        max_len=rollout_max_len(cfg, version + 1, last=cfg.steps),
                         mesh=self.rollout_mesh, rules=self.rules, num_slots=cfg.rollout.engine.num_slots // self.procs,
                         version=version, stop_strings=cfg.rollout.stop_strings)
 
@@ -178,6 +187,7 @@ class AsyncRLTrainer(RLTrainer):
     # trainer's stream advances one batch per step). Groups admitted beyond it (async/ahead_groups at step
     # s) are not saved: the rollout restarts at version s and draws them again, same prompts and ids.
     start_step = self.resume()
+    self._stage = cfg.rollout.stage(max(start_step, 1))[0]
     logger = train.process_logger(self.out_dir, self.pid, total_steps=cfg.steps, desc="rl-async",
                                   show=("reward/mean", "accuracy", "eval/accuracy", "async/staleness_mean",
                                         "async/tok_s_effective"), tensorboard=cfg.tensorboard)
@@ -230,6 +240,8 @@ class AsyncRLTrainer(RLTrainer):
   def _train_loop(self, start_step: int, last: int, logger, results: dict, stop: threading.Event) -> None:
     t_prev = time.perf_counter()
     for step in range(start_step + 1, last + 1):
+      if self.cfg.rollout.stage(step)[0] != self._stage:  # PTST: as synchronously (checkpoint of step - 1)
+        self._begin_stage(step, logger)
       t_wait = time.perf_counter()
       if not self.source.wait(step, stop):
         return

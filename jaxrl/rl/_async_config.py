@@ -21,11 +21,12 @@ class AsyncConfig:
   one step ahead; the weights change only between batches, so every trajectory has one version and a
   staleness of at most 1 (``max_staleness`` must stay 1).
 
-  Works with ``lora:`` (only the adapters move to the rollout devices at each version) and with
+  Works with ``lora:`` (only the adapters move to the rollout devices at each version), with
   ``rollout.dynamic_sampling`` (rounds of ``B`` groups, filtered as synchronously, under the same
-  bound); needs ``rollout.engine``. On several processes each rolls out its own share on its own devices
-  (``rollout_devices`` and ``rollout.engine.num_slots`` count all processes'; no dynamic sampling there yet;
-  docs/async.md, "Several processes").
+  bound) and with ``rollout.context_schedule`` (PTST: each group is generated with the stage of the step that
+  trains it; not together with dynamic sampling); needs ``rollout.engine``. On several processes each rolls out
+  its own share on its own devices (``rollout_devices`` and ``rollout.engine.num_slots`` count all processes';
+  no dynamic sampling there yet; docs/async.md, "Several processes").
   """
 
   mode: Literal["areal", "one_off"] = "areal"
@@ -65,7 +66,8 @@ class AsyncConfig:
     r = cfg.rollout
     if r.engine is None:
       raise ValueError("asynchronous: needs rollout.engine (the continuous-batching engine streams rows)")
-    if r.context_schedule:
-      raise ValueError("asynchronous: rollout.context_schedule is not supported")
+    if r.context_schedule and r.dynamic_sampling:
+      raise ValueError("asynchronous: rollout.context_schedule with rollout.dynamic_sampling is not supported (a "
+                       "group's batch, hence its stage, is only known once earlier rounds are filtered)")
     if r.reward_overlap_chunks != 1:
       raise ValueError("asynchronous: rollout.reward_overlap_chunks must be 1 (rows are scored as each finishes)")

@@ -22,7 +22,7 @@ from jaxrl import rewards, sampling, sharding
 from jaxrl.rl._config import RLConfig
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, reward_fields
 from jaxrl.rl._rollout import Rollout, informative_groups, total_rewards, vision_fields
-from jaxrl.rl._source import RolloutBatch
+from jaxrl.rl._source import RolloutBatch, monitor_metrics
 
 # --------------------------------------------------------------------------------------------------
 # Staleness control and the buffer (pure Python: tested with a scripted engine)
@@ -39,6 +39,7 @@ class Group:
   n: int
   completions: dict[int, Any] = dataclasses.field(default_factory=dict)  # sample -> Completion
   rewards: np.ndarray | None = None  # [n] float32 task rewards
+  infos: tuple[dict[str, Any], ...] = ()  # the reward's info per sample (``monitor`` values are logged)
   errors: int = 0
   finished_at: float = 0.0
 
@@ -429,7 +430,10 @@ class AsyncRollout:
     by every group drawn for it (checking they are its next prompts) and checks the reward-error budget over
     every process's samples. A collective: every process calls it, in step order."""
     r, B = self.cfg.rollout, self.cfg.rollout.prompts_per_step
+    _, max_new, n = r.stage(step)
     batch = self.last = self.schedule.take(step - 1)
+    if any(g.n != n for g in batch.drawn):  # admission gave every group of batch step - 1 the stage of step
+      raise RuntimeError(f"batch {step - 1}: group sizes {sorted({g.n for g in batch.drawn})}, its stage's n is {n}")
     # Every process has its share of the batch: from here on the programs span every process's trainer devices
     # (a barrier first: CPU collectives give up on a peer arriving more than 30 s late).
     sharding.barrier("rl-async-batch")
@@ -442,9 +446,9 @@ class AsyncRollout:
       raise RuntimeError(f"batch {step - 1}: its groups are not this process's share of the prompt stream's next "
                          f"{batch.rounds * B} prompts")
     vl = dict(images=prompts.images, model_cfg=self.engine.cfg) if prompts.has_images else {}
-    drawn, _ = groups_to_rollout(batch.drawn, prompts.ids, max_new=r.max_new_tokens, tokenizer=self.tokenizer,
+    drawn, _ = groups_to_rollout(batch.drawn, prompts.ids, max_new=max_new, tokenizer=self.tokenizer,
                                  overlong_penalty=r.overlong_penalty)
-    rollout, _ = groups_to_rollout(batch.groups, prompts.ids, max_new=r.max_new_tokens, tokenizer=self.tokenizer,
+    rollout, _ = groups_to_rollout(batch.groups, prompts.ids, max_new=max_new, tokenizer=self.tokenizer,
                                    overlong_penalty=r.overlong_penalty, **vl)
     errors, ahead, samples = (int(x) for x in sharding.allgather_rows({"x": np.asarray(
         [[sum(g.errors for g in batch.drawn), self.schedule.held(), drawn.num_samples]])})[0]["x"].sum(0))
@@ -452,6 +456,7 @@ class AsyncRollout:
     if errors > runner.allowed_errors(samples):  # the same decision everywhere
       raise rewards.RewardBudgetExceeded(self.rewards.name, [], samples, runner.max_errors)
     metrics = {"reward_errors": float(errors)}
+    metrics |= monitor_metrics([i for g in batch.drawn for i in g.infos])  # reward/monitor/*, every process's
     if r.dynamic_sampling:
       metrics.update({"dynamic/groups_kept": float(len(batch.groups)), "dynamic/rounds": float(batch.rounds),
                       "dynamic/groups_generated": float(len(batch.drawn)),
@@ -473,13 +478,16 @@ class AsyncRollout:
     return (index // self.share) * self.cfg.rollout.prompts_per_step + self.pid * self.share + index % self.share
 
   def _make_request(self, index: int):
+    """Group ``index``'s request. Without dynamic sampling it lands in batch ``index // share``, trained at step
+    ``index // share + 1``: generated with that step's context stage (``max_new_tokens``, ``n``)."""
     r = self.cfg.rollout
+    _, max_new, n = r.stage(index // self.share + 1)
     if not self._admit_queue:  # a new round: this process's share of the global stream's next B prompts
       prompts, ids = self.admit_stream.take(r.prompts_per_step)  # the synchronous trainer's order
       mine = slice(self.pid * self.share, (self.pid + 1) * self.share)
       self._admit_queue.extend(zip(prompts[mine], ids[mine]))
     prompt, rid = self._admit_queue.popleft()
-    req = sampling.Request(prompt=self.prompts.ids[prompt].tolist(), n=r.n, max_new_tokens=r.max_new_tokens,
+    req = sampling.Request(prompt=self.prompts.ids[prompt].tolist(), n=n, max_new_tokens=max_new,
                            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=self.cfg.seed,
                            request_id=rid,
                            **({"images": self.prompts.images(prompt)} if self.prompts.has_images else {}))
@@ -495,6 +503,7 @@ class AsyncRollout:
 
     def collect():
       got = self.rewards.collect(idx)
+      g.infos = got.infos  # before the future completes: the rollout loop reads it after
       return got.rewards.astype(np.float32), len(got.errors)
     return self._collectors.submit(collect)
 

@@ -162,7 +162,8 @@ class RolloutConfig:
   max_new_tokens: int = 64
   "Response budget (first stage of `context_schedule`)."
   context_schedule: tuple[ContextStage, ...] = ()
-  "Later stages of iterative context lengthening, in increasing `start_step`."
+  ("Later stages of iterative context lengthening (DeepScaleR) or PTST (Vision-R1), in increasing `start_step`; "
+   "asynchronous: each group gets the stage of the step that trains it (not with dynamic_sampling).")
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0

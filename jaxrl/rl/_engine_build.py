@@ -13,16 +13,21 @@ from jaxrl import sampling
 from jaxrl.rl._config import EngineConfig, RLConfig
 
 
-def rollout_max_len(cfg: RLConfig, step: int) -> int:
+def rollout_max_len(cfg: RLConfig, step: int, last: int | None = None) -> int:
   """The ``max_len`` (prompt + response tokens per row) of the sampler or engine at RL step ``step``.
 
   ``data.max_prompt_tokens`` plus the larger response budget of the step's context stage
   (``rollout.stage(step)``) and of evaluation (``eval.max_new_tokens``, default the stage's), so one
-  sampler serves both. The asynchronous trainer's rollout engine is sized by the same rule (it has one
-  stage; its evaluation runs on the trainer's own sampler).
+  sampler serves both. With ``last``: the largest over steps ``step .. last``, for an engine that serves every
+  stage of them: the asynchronous trainer's rollout engine, built once, whose admission runs ahead into later
+  stages (its evaluation runs on the trainer's own sampler, rebuilt per stage).
   """
-  max_new = cfg.rollout.stage(step)[1]
-  return cfg.data.max_prompt_tokens + max(max_new, cfg.eval.max_new_tokens or max_new)
+  starts = [s.start_step for s in cfg.rollout.context_schedule if last is not None and step < s.start_step <= last]
+
+  def at(k: int) -> int:
+    max_new = cfg.rollout.stage(k)[1]
+    return cfg.data.max_prompt_tokens + max(max_new, cfg.eval.max_new_tokens or max_new)
+  return max(at(k) for k in [step, *starts])
 
 
 def build_engine(model, tokenizer, settings: EngineConfig, *, max_len: int, mesh=None, rules=None,

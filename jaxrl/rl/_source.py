@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jaxrl import sharding
+from jaxrl import rewards, sharding
 from jaxrl.rl._config import RolloutConfig
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream
 from jaxrl.rl._rollout import Rollout, concat_rollouts, informative_groups, total_rewards, vision_fields
@@ -66,6 +66,24 @@ class RolloutSource(Protocol):
     ...
 
 
+def monitor_metrics(infos, prefix: str = "reward") -> dict[str, float]:
+  """``{prefix}/monitor/<key>``: the mean of each ``info["monitor"]`` value over every process's samples that
+  report it (:func:`jaxrl.rewards.monitor_means` of the gathered values). A collective: every process calls it,
+  whatever its keys. Each value travels as a row with its key's UTF-8 bytes (padded to the longest key of any
+  process), so processes may report different keys; on several processes the values travel in float32 (x64 off)."""
+  pairs = rewards.monitor_values(infos)
+  names = [k.encode() for k, _ in pairs]
+  width = int(sharding.allgather_scalar(max(map(len, names), default=0)).max())
+  if not width:
+    return {}
+  codes = np.zeros((len(names), width), np.int32)
+  for i, b in enumerate(names):
+    codes[i, :len(b)] = np.frombuffer(b, np.uint8)
+  got, _ = sharding.allgather_rows({"key": codes, "value": np.asarray([v for _, v in pairs], np.float64)})
+  keys = [bytes(row[row > 0].astype(np.uint8)).decode() for row in got["key"]]
+  return rewards.monitor_means(list(zip(keys, got["value"].astype(np.float64).tolist())), prefix)
+
+
 RoundFn = Callable[..., tuple[Rollout, dict[str, float]]]
 """``(idx, request_ids, *, max_new, n) -> (rollout, info)``: one round of prompts ``idx``, generated and
 scored; ``info`` holds ``time_generate``, ``time_reward``, ``reward_errors`` and any other round metric."""
@@ -80,7 +98,7 @@ def draw_rounds(generate: RoundFn, step: int, stream: PromptStream, r: RolloutCo
   are all equal are dropped and rounds continue (at most ``r.max_rounds``) until ``prompts_per_step``
   informative groups are kept, first ones first; the decision uses every process's groups, in process
   order, so it is the same everywhere. Round metrics ``time_*`` and ``reward_errors`` add up, others are
-  averaged over the rounds.
+  averaged over the rounds that report them.
   """
   _, max_new, n = r.stage(step)
   want = r.prompts_per_step
@@ -112,7 +130,8 @@ def draw_rounds(generate: RoundFn, step: int, stream: PromptStream, r: RolloutCo
   if r.dynamic_sampling:
     metrics.update({"dynamic/groups_kept": float(n_kept), "dynamic/rounds": float(len(drawn)),
                     "dynamic/groups_generated": float(len(drawn) * want)})
-  metrics.update({k: float(np.mean([i[k] for i in infos])) for k in infos[0] if k not in _TIMES})
+  keys = dict.fromkeys(k for i in infos for k in i if k not in _TIMES)  # a monitor key may be in some rounds only
+  metrics.update({k: float(np.mean([i[k] for i in infos if k in i])) for k in keys})
   if not n_kept:
     rollout = None
   elif not kept:  # other processes hold every kept group: an empty share (all processes still update)
@@ -187,5 +206,5 @@ class EngineRollout:
         **(vision_fields(sampler.cfg, [prompts.ids[i] for i in idx for _ in range(n)], images) if images else {}))
     # time_reward: the wait for rewards after the last chunk generated (all of scoring without overlap).
     info = {"time_generate": t1 - t0, "time_reward": t2 - t1, "reward_errors": float(len(scored.errors))}
-    info |= {k: v for k, v in scored.metrics().items() if "/monitor/" in k}  # e.g. RubiCap's reward/monitor/*
+    info |= monitor_metrics(scored.infos)  # e.g. RubiCap's reward/monitor/*, over every process's samples
     return rollout, info

@@ -52,7 +52,7 @@ from jaxrl.rl._packing import PackedBatch, agree_patch_bucket, pack_sequences, p
 from jaxrl.rl._prm import load_implicit_prm, process_advantages, rollout_process_rewards
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields, rm_prompt
 from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
-from jaxrl.rl._source import EngineRollout, RolloutSource
+from jaxrl.rl._source import EngineRollout, RolloutSource, monitor_metrics
 
 
 class RLTrainer:
@@ -457,7 +457,8 @@ class RLTrainer:
   def evaluate(self, step: int, *, temperature: float | None = None, samples: int | None = None,
                prefix: str = "eval") -> dict[str, float]:
     """:meth:`eval_completions` scored by the reward; metric names start with ``prefix`` (e.g. a
-    greedy check next to a sampled pass@1)."""
+    greedy check next to a sampled pass@1). ``{prefix}/monitor/<key>``: the mean of each ``info["monitor"]``
+    value over every process's samples that report it (the filler prompts of the last share left out)."""
     got = self.eval_completions(step, temperature=temperature, samples=samples)
     if got is None:
       return {}
@@ -473,11 +474,13 @@ class RLTrainer:
     per = np.asarray([[row[m] for m in names] for row in (
         rewards_lib.problem_metrics(c, a, names) for c, a in zip(rewards > self.cfg.reward.correct_threshold, answers))],
         np.float64).reshape(len(idx), len(names))  # [P, M]
+    real = min(ev.prompts, len(self.heldout_prompts))
+    first = self.pid * len(idx)  # this share's first prompt position; positions >= real are fillers
+    metrics = monitor_metrics(scored.infos[:max(min(real - first, len(idx)), 0) * ev.samples], prefix)
     if self.procs > 1:  # every process's share, without the repeated filler prompts
       got, _ = sharding.allgather_rows({"r": rewards, "l": lengths, "m": per})
-      real = min(ev.prompts, len(self.heldout_prompts))
       rewards, lengths, per = got["r"][:real], got["l"][:real], got["m"][:real]
-    metrics = {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/length_mean": float(lengths.mean())}
+    metrics |= {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/length_mean": float(lengths.mean())}
     metrics.update({f"{prefix}/{m}": float(per[:, j].mean()) for j, m in enumerate(names)})
     metrics[f"{prefix}/accuracy"] = metrics.pop(f"{prefix}/avg@{ev.samples}")  # avg@n: the share of correct samples
     return metrics

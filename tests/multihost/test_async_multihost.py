@@ -3,7 +3,8 @@
 Each process rolls out on an engine over its own first 3 devices (a process-local sub-mesh: no rollout
 decision needs the other process) and generates its contiguous share of every batch; the trainer mesh spans
 both processes' last device. Checked: η = 0 trains like one process × 8 devices (the same samples, token for
-token; parameters within float32 rounding, see below), and η = 1 keeps every trained token within the bound
+token, with PTST's stages and the reward monitors of both processes' samples; parameters within float32
+rounding, see below), and η = 1 keeps every trained token within the bound
 and trains every prompt group exactly once, from the trainer's own per-sample records gathered over the
 processes. Both launches of the first test run at once (the machine's cores are shared either way).
 """
@@ -47,7 +48,10 @@ def _params(out_dir: Path, process: int) -> list[np.ndarray]:
 
 
 def test_two_processes_at_eta0_train_the_same_samples_as_one(tmp_path):
-  over = {"steps": 2, "asynchronous": {"rollout_devices": 6, "max_staleness": 0}}
+  """With PTST (8 tokens x 4 samples, then 16 x 2 from step 2) and a reward that reports monitors."""
+  over = {"steps": 2, "asynchronous": {"rollout_devices": 6, "max_staleness": 0}, "rollout.max_new_tokens": 8,
+          "rollout.context_schedule": [{"start_step": 2, "max_new_tokens": 16, "n": N // 2}],
+          "reward.fn": "rl_testlib:monitored_digit_fraction"}
   running = _start(1, tmp_path / "single", over), _start(2, tmp_path / "pair", over)
   (single,), pair = (_wait(p) for p in running)
   # Each process's engine is on its own 3 devices; the trainer mesh spans both processes.
@@ -58,8 +62,13 @@ def test_two_processes_at_eta0_train_the_same_samples_as_one(tmp_path):
   # the same groups, prompts' request ids, samples, tokens (CRC), lengths and versions (all 0 ... η = 0).
   for k in RECORDS:
     assert pair[0]["trained"][k] == pair[1]["trained"][k] == single["trained"][k], k
-  assert len(single["trained"]["group"]) == 2 * B * N
+  assert len(single["trained"]["group"]) == B * N + B * N // 2  # each step's stage's n
+  assert max(single["trained"]["length"][:B * N]) <= 8 < max(single["trained"]["length"][B * N:]) <= 16
   assert [h["reward/mean"] for h in pair[0]["history"]] == [h["reward/mean"] for h in single["history"]]
+  for hp, hs in zip(pair[0]["history"], single["history"], strict=True):  # means over both processes' samples
+    monitors = {k: v for k, v in hs.items() if "/monitor/" in k}
+    assert "reward/monitor/chars" in monitors
+    assert {k: v for k, v in hp.items() if "/monitor/" in k} == pytest.approx(monitors, rel=1e-6)
   # Parameters: the same on both processes; against one process equal up to float32 rounding, not bit for
   # bit: each process packs its own groups into its half of each micro-batch's rows (rows / processes, as
   # the synchronous multi-process trainer does), so the loss's sums over rows run in another order. Adam

@@ -27,10 +27,11 @@ HEARTBEAT = 5  # JAXRL_HEARTBEAT_TIMEOUT of the kill test, in seconds
 
 RL = ["steps=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8",
       "data.builtin.n_train=8", "data.builtin.n_heldout=8", "micro_batch.token_budget=384", "micro_batch.row_len=48",
-      "reward.fn=rl_testlib:digit_fraction", "eval.every=3", "eval.prompts=5", "export_hf=true",
+      "reward.fn=rl_testlib:monitored_digit_fraction", "eval.every=3", "eval.prompts=5", "export_hf=true",
       "tensorboard=false", "checkpoint.every=1"]
 """configs/grpo_tiny.yaml shortened: 8 prompts (the prompt stream starts its second epoch at step 3), a dense
-reward (a random policy gets non-zero advantages), 5 held-out prompts (an uneven split over 2 processes), and
+reward (a random policy gets non-zero advantages) with monitors (``reward/monitor/*`` and ``eval/monitor/*``: means
+over every process's samples), 5 held-out prompts (an uneven split over 2 processes), and
 rollouts on the recipe's continuous-batching engine (jaxrl.sampling.Engine, run by every process over all
 processes' prompts)."""
 SFT = ["steps=3", "data.builtin.n_train=64", "data.builtin.n_heldout=8", "packing.seq_len=64", "packing.global_rows=8",

@@ -34,6 +34,18 @@ def digit_fraction(prompt, completion, **_):
   return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
+def digit_monitor(completion: str) -> dict[str, float]:
+  """Every sample reports ``chars``; only those with a digit report ``digits`` (a mean over the reporters)."""
+  digits = sum(c.isdigit() for c in completion)
+  return {"chars": float(len(completion)), **({"digits": float(digits)} if digits else {})}
+
+
+def monitored_digit_fraction(prompt, completion, **fields):
+  """:func:`digit_fraction` with :func:`digit_monitor` as ``info["monitor"]`` (logged as ``reward/monitor/*``)."""
+  from jaxrl.rewards import RewardResult
+  return RewardResult(value=digit_fraction(prompt, completion, **fields), info={"monitor": digit_monitor(completion)})
+
+
 def starts_with_digit(prompt, completion, **_):
   """Sparse 0/1: many groups of a random policy get all-equal rewards (dynamic sampling drops them)."""
   del prompt

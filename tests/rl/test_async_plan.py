@@ -39,3 +39,18 @@ def test_async_plan_refuses_a_rollout_mesh_that_does_not_fit_its_devices():
   cfg = plan.load_recipe(str(CONFIGS / "areal_async_tiny.yaml"), OVER + ["asynchronous.rollout_mesh={data: 4}"])
   with pytest.raises(ValueError, match=r"asynchronous.rollout_mesh on the 6 rollout devices of cpu"):
     plan.plan_recipe(cfg, "cpu", attention="reference")
+
+
+def test_async_context_schedule_plans_one_engine_for_the_largest_stage():
+  """The asynchronous engine is built once for every stage (admission runs ahead into later ones): one budget, the
+  largest stage's ``max_len`` (prompt 32 + 64); the synchronous recipe plans one engine per stage."""
+  import jax
+
+  from jaxrl import sharding
+  schedule = ["rollout.context_schedule=[{start_step: 50, max_new_tokens: 64, n: 4}]"]
+  cfg = plan.load_recipe(str(CONFIGS / "areal_async_tiny.yaml"), OVER + schedule)
+  mesh = sharding.MeshConfig(shape={"data": -1}).build(jax.devices()[:6])
+  got = [(tag, b.max_len) for tag, b in plan.recipe_budgets(cfg, cfg.model.config(), mesh)]
+  assert got == [("s0,s1", 96)]
+  sync = plan.load_recipe(str(CONFIGS / "areal_async_tiny.yaml"), OVER + schedule + ["asynchronous=null"])
+  assert [b.max_len for _, b in plan.recipe_budgets(sync, sync.model.config(), mesh)] == [64, 96]

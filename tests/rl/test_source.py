@@ -38,7 +38,12 @@ def test_dynamic_sampling_rounds_keep_the_first_informative_groups_and_add_up_ro
   informative = {order[1], order[3], order[4], order[5]}
   rewards = {p: ([0.0, 1.0] if p in informative else [1.0, 1.0]) for p in range(6)}
   calls = []
-  batch = draw_rounds(_scripted(rewards, calls), 1, stream, r)
+  scripted = _scripted(rewards, calls)
+
+  def generate(*args, **kw):  # a monitor only the second round's samples report (averaged over that round alone)
+    ro, info = scripted(*args, **kw)
+    return ro, info | ({"reward/monitor/x": 4.0} if len(calls) == 2 else {})
+  batch = draw_rounds(generate, 1, stream, r)
   assert [c[0] for c in calls] == [order[:3], order[3:6]] and [c[1] for c in calls] == [[0, 1, 2], [3, 4, 5]]
   assert all(c[2:] == (5, N) for c in calls)
   assert [int(p[0]) for p in batch.rollout.prompt_ids[::N]] == [order[1], order[3], order[4]]
@@ -46,7 +51,7 @@ def test_dynamic_sampling_rounds_keep_the_first_informative_groups_and_add_up_ro
   assert batch.drawn.num_samples == 6 * N and stream.drawn == 6
   assert batch.metrics == {"time_generate": 3.0, "time_reward": 0.5, "reward_errors": 2.0,
                            "dynamic/groups_kept": 3.0, "dynamic/rounds": 2.0, "dynamic/groups_generated": 6.0,
-                           "agent/turns_mean": 1.5}
+                           "agent/turns_mean": 1.5, "reward/monitor/x": 4.0}
 
 
 def test_a_step_without_an_informative_group_trains_nothing_and_one_round_is_the_batch_without_dynamic_sampling():
@@ -75,6 +80,9 @@ def test_one_max_len_rule_covers_the_stage_and_evaluation_budgets(tmp_path, eval
   cfg = make_config(tmp_path, **{"eval.max_new_tokens": eval_new, "rollout.context_schedule": schedule, "steps": 4,
                                  "micro_batch": {"token_budget": 768}})
   assert (rollout_max_len(cfg, 1), rollout_max_len(cfg, 3)) == want
+  # over steps 1 .. last (the asynchronous engine, built once): the largest stage within them
+  assert (rollout_max_len(cfg, 1, last=2), rollout_max_len(cfg, 1, last=4), rollout_max_len(cfg, 3, last=4)) == \
+      (want[0], max(want), want[1])
 
 
 def test_the_three_sources_implement_the_protocol():
@@ -82,3 +90,14 @@ def test_the_three_sources_implement_the_protocol():
   for cls in (rl.EngineRollout, EpisodeRollout, AsyncRollout):
     assert names <= set(vars(cls)), cls.__name__
   assert not {"_generate", "collect"} & set(vars(AgenticTrainer))  # it passes a source instead
+
+
+def test_monitor_metrics_average_each_key_over_the_samples_that_report_it():
+  """``info["monitor"]`` values: each key's mean over its reporters (absent keys and missing infos do not count),
+  through the gather's key encoding (non-ASCII keys survive)."""
+  from jaxrl.rl._source import monitor_metrics
+  infos = [{"monitor": {"words": 3, "self_praise": 1.0}}, {"monitor": {"words": 6}}, {}, {"reason": "x"},
+           {"monitor": {"words": 12.5, "länge": 2}}]
+  assert monitor_metrics(infos, "eval") == {"eval/monitor/words": (3 + 6 + 12.5) / 3,
+                                            "eval/monitor/self_praise": 1.0, "eval/monitor/länge": 2.0}
+  assert monitor_metrics([{}, {"monitor": {}}]) == {}
