@@ -94,6 +94,14 @@ def test_multipliers_combine_with_the_lora_plus_scale():
   np.testing.assert_allclose(u["layers"]["q_lora_b"], -2.0, rtol=1e-4)  # 4 × 0.5
 
 
+def test_yaml_order_is_kept_through_overrides(tmp_path):
+  """First match wins, so the loader keeps the file's order (``apply_overrides`` once sorted the keys)."""
+  path = tmp_path / "optim.yaml"
+  path.write_text("lr_multipliers: {visual/merger: 3.0, visual: 0.1}\n")
+  cfg = config_lib.load(train.OptimConfig, path, ["lr=0.01"])
+  assert list(cfg.lr_multipliers) == ["visual/merger", "visual"]
+
+
 def test_config_loader_and_bad_keys():
   cfg = config_lib.from_dict(train.OptimConfig, {"lr": 1e-3, "lr_multipliers": {"visual": 0.1}}, prefix="optim")
   assert cfg.lr_multipliers == {"visual": 0.1}
