@@ -170,9 +170,11 @@ def path_multipliers(multipliers: dict[str, float], params) -> Any:
 def scale_by_path(multipliers: dict[str, float], inner: optax.GradientTransformation) -> optax.GradientTransformation:
   """``inner`` (the learning-rate scaling) with each update leaf then scaled by its :func:`path_multipliers`
   factor. ``inner``'s state as it is (a checkpoint's optimizer state has the same structure with or without
-  multipliers); the factors are resolved from the tree's paths when traced and checked at ``init``."""
+  multipliers); the factors are resolved from the tree's paths when traced, and checked at ``init`` (unless it
+  gets a bare leaf, as ``optax.tree_map_params`` passes) and at every trace of ``update``."""
   def init(params):
-    path_multipliers(multipliers, params)
+    if any(path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]):
+      path_multipliers(multipliers, params)
     return inner.init(params)
 
   def update(updates, state, params=None):
