@@ -212,7 +212,7 @@ def to_dict(cfg: Any) -> Any:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
   """Applies ``a.b.c=value`` strings (value parsed as YAML) to a nested dict, returning a copy."""
-  out = _load(yaml.safe_dump(data)) or {}
+  out = _load(yaml.safe_dump(data, sort_keys=False)) or {}  # the file's key order (first-match maps)
   for item in overrides:
     if "=" not in item:
       raise ConfigError(f"override {item!r} is not of the form key.sub=value")

@@ -24,7 +24,7 @@ from jaxrl.train._loop import (
     stop_preempted,
     write_results,
 )
-from jaxrl.train._optim import OptimConfig, make_optimizer, make_schedule
+from jaxrl.train._optim import OptimConfig, make_optimizer, make_schedule, param_path
 from jaxrl.train._preempt import Preempted, PreemptionGuard
 from jaxrl.train._trainer import ChunkedLoss, EvalCadence, PackedTrainer, TrainerConfig, run_steps
 from jaxrl.train._step import (
@@ -65,6 +65,7 @@ __all__ = [
     "make_schedule",
     "make_train_step",
     "own_process_state",
+    "param_path",
     "place_on_mesh",
     "process_logger",
     "resumable",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import math
+import re
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +31,11 @@ class OptimConfig:
   "Decoupled weight decay; not applied to 1-D parameters (norms, biases)."
   clip_norm: float | None = 1.0
   "Global gradient-norm clip; null disables it."
+  lr_multipliers: dict[str, float] = dataclasses.field(default_factory=dict)
+  """Per-module learning rate: ``{regex: factor}``; a parameter whose path (:func:`param_path`, e.g.
+  ``visual/merger/fc1``) ``re.search``-matches a regex (the first that matches wins) has its AdamW update scaled
+  by ``factor`` (effective lr ``factor × schedule``; Adam's moments unchanged). Factors > 0 (freeze with
+  ``freeze_vision``); a regex that matches no trainable parameter is an error."""
 
   def __post_init__(self):
     if self.lr <= 0:
@@ -41,6 +48,14 @@ class OptimConfig:
       raise ValueError(f"optim.clip_norm must be > 0 or null, got {self.clip_norm}")
     if self.weight_decay < 0:
       raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+    for pattern, factor in self.lr_multipliers.items():
+      try:
+        re.compile(pattern)
+      except re.error as e:
+        raise ValueError(f"optim.lr_multipliers: {pattern!r} is not a regular expression ({e})") from e
+      if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (factor > 0 and math.isfinite(factor)):
+        raise ValueError(f"optim.lr_multipliers[{pattern!r}] must be a finite number > 0, got {factor!r} "
+                         "(to freeze the vision tower use freeze_vision: true)")
 
 
 def make_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -66,7 +81,8 @@ def _decay_mask(params):
 def make_optimizer(cfg: OptimConfig, total_steps: int, *, lr_scale=None) -> optax.GradientTransformation:
   """Clip → AdamW(schedule). ``lr_scale`` (a pytree of floats like the params) scales per leaf.
 
-  ``lr_scale`` is how LoRA+ gives ``B`` matrices their own learning-rate multiplier. Adam's moments
+  ``lr_scale`` is how LoRA+ gives ``B`` matrices their own learning-rate multiplier; ``cfg.lr_multipliers``
+  (by parameter path, :func:`scale_by_path`) multiplies on top of it. Adam's moments
   are float32 whatever the parameters' dtype (:func:`float32_state`), so the state keeps one dtype
   from the first step on (no retrace) and bf16-stored weights still get float32 statistics.
   """
@@ -79,7 +95,8 @@ def make_optimizer(cfg: OptimConfig, total_steps: int, *, lr_scale=None) -> opta
     parts.append(optax.add_decayed_weights(cfg.weight_decay, mask=_decay_mask))
   if lr_scale is not None:
     parts.append(_scale_by_tree(lr_scale))
-  parts.append(optax.scale_by_learning_rate(schedule))
+  lr = optax.scale_by_learning_rate(schedule)
+  parts.append(scale_by_path(cfg.lr_multipliers, lr) if cfg.lr_multipliers else lr)
   return float32_state(optax.chain(*parts))
 
 
@@ -109,5 +126,60 @@ def _scale_by_tree(scales) -> optax.GradientTransformation:
   def update(updates, state, params=None):
     del params
     return jax.tree.map(lambda u, s: u * s, updates, scales), state
+
+  return optax.GradientTransformation(init, update)
+
+
+def param_path(path) -> str:
+  """A pytree key path as ``a/b/0/c`` (dict keys and sequence indices; the ``.value`` of nnx variables dropped):
+  ``visual/merger/fc1``, ``layers/attn/q_proj``, ``layers/attn/q_proj_lora_b``."""
+  parts = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      parts.append(str(k.key))
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      parts.append(str(k.idx))
+    elif isinstance(k, jax.tree_util.GetAttrKey) and k.name != "value":
+      parts.append(k.name)
+  return "/".join(parts)
+
+
+def path_multipliers(multipliers: dict[str, float], params) -> Any:
+  """A pytree of floats like ``params``: the factor of the first regex of ``multipliers`` that ``re.search``-es
+  the leaf's :func:`param_path`, 1 where none does. A regex that matches no leaf is an error naming it."""
+  compiled = [(p, re.compile(p), float(f)) for p, f in multipliers.items()]
+  used = set()
+
+  def one(path, _):
+    name = param_path(path)
+    for pattern, rx, factor in compiled:
+      if rx.search(name):
+        used.add(pattern)
+        return factor
+    return 1.0
+
+  out = jax.tree_util.tree_map_with_path(one, params)
+  unused = [p for p in multipliers if p not in used]
+  if unused:
+    names = sorted({param_path(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]})
+    raise ValueError(f"optim.lr_multipliers: {unused[0]!r} matches no trainable parameter (paths: "
+                     f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
+  return out
+
+
+def scale_by_path(multipliers: dict[str, float], inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``inner`` (the learning-rate scaling) with each update leaf then scaled by its :func:`path_multipliers`
+  factor. ``inner``'s state as it is (a checkpoint's optimizer state has the same structure with or without
+  multipliers); the factors are resolved from the tree's paths when traced, and checked at ``init`` (unless it
+  gets a bare leaf, as ``optax.tree_map_params`` passes) and at every trace of ``update``."""
+  def init(params):
+    if any(path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]):
+      path_multipliers(multipliers, params)
+    return inner.init(params)
+
+  def update(updates, state, params=None):
+    updates, state = inner.update(updates, state, params)
+    scales = path_multipliers(multipliers, updates)
+    return jax.tree.map(lambda u, s: u if s == 1.0 else u * jnp.asarray(s, u.dtype), updates, scales), state
 
   return optax.GradientTransformation(init, update)

@@ -8,6 +8,7 @@ depth for h100x8 (about 30 s of CPU); its v5p-8 compile (about 90 s) and all the
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -22,10 +23,13 @@ RECIPE = str(CONFIGS / "dpo_qwen2p5_7b.yaml")
 
 
 
-def test_tiny_dpo_recipe_compiles_and_accounts_its_inputs():
+@pytest.mark.parametrize("lr_multipliers", [{}, {"layers/attn": 0.5, "embed": 2.0}])
+def test_tiny_dpo_recipe_compiles_and_accounts_its_inputs(lr_multipliers):
   """configs/dpo_tiny.yaml on the CPU: both programs compile; the train step holds the float32 weights, Adam's
-  two moments and the reference's copy (float32 here); the batch is the rows plus the per-pair arrays."""
+  two moments and the reference's copy (float32 here); the batch is the rows plus the per-pair arrays.
+  ``optim.lr_multipliers`` adds no optimizer state."""
   cfg = plan.load_recipe(str(CONFIGS / "dpo_tiny.yaml"))
+  cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr_multipliers=lr_multipliers))
   assert isinstance(cfg, pref.DPOConfig)
   result = plan.plan_recipe(cfg, "cpu", attention="reference")
   rows = {r.program: r for r in result.rows}

@@ -127,3 +127,20 @@ def test_lora_trains_only_adapters_and_exports_a_peft_adapter(tmp_path):
   pos, seg = np.arange(16, dtype=np.int32)[None], np.ones((1, 16), np.int32)
   np.testing.assert_allclose(merged(tokens, positions=pos, segment_ids=seg),
                              trainer.current_model()(tokens, positions=pos, segment_ids=seg), atol=1e-4)
+
+
+def test_lr_multipliers_under_lora_resume_like_an_uninterrupted_run(tmp_path):
+  """``optim.lr_multipliers`` on the LoRA adapters' paths: the sharded state checkpoints and resumes to the same
+  losses; a regex for a frozen (base) weight is refused, naming it."""
+  over = dict(steps=4, lora={"rank": 4, "alpha": 8, "targets": "all"},
+              optim={"lr": 3e-3, "warmup_steps": 2, "lr_multipliers": {"lora_b$": 4.0, "mlp": 0.5}})
+  straight = sft.SFTTrainer(_cfg(tmp_path / "a", **over)).run()["losses"]
+  cfg = _cfg(tmp_path / "b", checkpoint={"every": 2, "keep": 2}, **over)
+  first = sft.SFTTrainer(cfg).run(until=2)
+  resumed = sft.SFTTrainer(cfg).run()
+  assert resumed["start_step"] == 2
+  np.testing.assert_allclose(first["losses"] + resumed["losses"], straight, rtol=1e-5)
+  plain = sft.SFTTrainer(_cfg(tmp_path / "d", **dict(over, optim={"lr": 3e-3, "warmup_steps": 2}))).run()["losses"]
+  assert plain[0] == pytest.approx(straight[0]) and not np.allclose(plain[1:], straight[1:], rtol=1e-4)  # applied
+  with pytest.raises(ValueError, match=r"'embed' matches no trainable parameter"):
+    sft.SFTTrainer(_cfg(tmp_path / "c", **dict(over, optim={"lr": 3e-3, "lr_multipliers": {"embed": 2.0}})))
