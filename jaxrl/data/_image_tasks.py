@@ -63,6 +63,10 @@ class ImageTaskConfig:
   "Most shapes in a ``shapes`` scene."
   num_colors: int = 4
   "Shape colours: the first ``num_colors`` of ``COLORS``."
+  shape_scale: float = 1.0
+  ("Shape sides are drawn from ``[image_size // 9, image_size // 5]`` pixels times this (at least 6 and 7 "
+   "pixels, at most ``image_size - 2``): 1 draws small shapes on a mostly white image, 4 shapes that cover a "
+   "fifth to three fifths of it.")
   min_bars: int = 3
   "Fewest bars in a chart."
   max_bars: int = 5
@@ -84,6 +88,8 @@ class ImageTaskConfig:
       raise ValueError(f"image_size must be >= 28, got {self.image_size!r}")
     if not 1 <= self.min_objects <= self.max_objects <= 12:
       raise ValueError(f"need 1 <= min_objects <= max_objects <= 12, got {self.min_objects!r}, {self.max_objects!r}")
+    if not 0.0 < self.shape_scale <= 5.0:  # at 5 the smallest side is still under 5/9 of the image
+      raise ValueError(f"shape_scale must be in (0, 5], got {self.shape_scale!r}")
     if not 1 <= self.num_colors <= len(COLORS):
       raise ValueError(f"num_colors must be in [1, {len(COLORS)}], got {self.num_colors!r}")
     if not 2 <= self.min_bars <= self.max_bars <= len(COLORS):
@@ -93,6 +99,12 @@ class ImageTaskConfig:
                        f"got {self.max_value!r}")
     if not 0.0 < self.heldout_fraction < 1.0:
       raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction!r}")
+
+  def shape_sides(self) -> tuple[int, int]:
+    """The fewest and most pixels of a shape's side (``shape_scale``)."""
+    size = self.image_size
+    lo = max(6, int(size // 9 * self.shape_scale))
+    return lo, max(lo + 1, min(max(7, int(size // 5 * self.shape_scale)), size - 2))
 
   @classmethod
   def level(cls, difficulty: int, **overrides) -> ImageTaskConfig:
@@ -141,7 +153,8 @@ def _shape_scene(rng: np.random.Generator, cfg: ImageTaskConfig) -> dict[str, An
   for _ in range(200 * n):
     if len(objects) == n:
       break
-    side = int(rng.integers(max(6, size // 9), max(7, size // 5) + 1))
+    lo, hi = cfg.shape_sides()
+    side = int(rng.integers(lo, hi + 1))
     x0, y0 = (int(v) for v in rng.integers(1, size - side, size=2))
     x1, y1 = x0 + side - 1, y0 + side - 1
     if any(x0 <= o["bbox"][2] + _GAP and o["bbox"][0] <= x1 + _GAP and y0 <= o["bbox"][3] + _GAP
@@ -347,6 +360,8 @@ class BuiltinImageTask:
   "Most shapes per scene; None: the level's."
   num_colors: int | None = None
   "Shape colours (the first ``num_colors`` of ``COLORS``); None: the level's."
+  shape_scale: float | None = None
+  "Shape size (ImageTaskConfig.shape_scale: 1 small shapes, 4 shapes covering much of the image); None: the level's."
   seed: int = 0
 
   def __post_init__(self):
@@ -363,9 +378,9 @@ class BuiltinImageTask:
   @property
   def task(self) -> ImageTaskConfig:
     """The :class:`ImageTaskConfig` of ``difficulty`` with the fields set here (``image_size``,
-    ``questions``, ``min_objects``, ``max_objects``, ``num_colors``) overriding the level's."""
-    over: dict[str, Any] = {k: getattr(self, k) for k in ("image_size", "min_objects", "max_objects", "num_colors")
-                            if getattr(self, k) is not None}
+    ``questions``, ``min_objects``, ``max_objects``, ``num_colors``, ``shape_scale``) overriding the level's."""
+    keys = ("image_size", "min_objects", "max_objects", "num_colors", "shape_scale")
+    over: dict[str, Any] = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
     if self.questions is not None:
       over["questions"] = tuple(self.questions)
     if self.max_objects is not None and self.min_objects is None:

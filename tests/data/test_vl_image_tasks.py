@@ -65,10 +65,11 @@ def _answer_from_pixels(ex):
   return max(heights, key=heights.get)
 
 
-LEVELS = [ImageTaskConfig.level(d) for d in range(4)] + [ImageTaskConfig(image_size=56, max_value=9)]
+LEVELS = [ImageTaskConfig.level(d) for d in range(4)] + [ImageTaskConfig(image_size=56, max_value=9),
+                                                          ImageTaskConfig.level(1, image_size=56, shape_scale=2.0)]
 
 
-@pytest.mark.parametrize("cfg", LEVELS, ids=["level0", "level1", "level2", "level3", "size56"])
+@pytest.mark.parametrize("cfg", LEVELS, ids=["level0", "level1", "level2", "level3", "size56", "scale2"])
 def test_answers_are_right_from_pixels(cfg):
   examples = generate_image_task(150, seed=3, config=cfg)
   for ex in examples:
@@ -182,3 +183,22 @@ def test_builtin_image_task_overrides_the_level():
     BuiltinImageTask(num_colors=9).task
   with pytest.raises(ValueError, match="data.image_task: questions"):
     BuiltinImageTask(difficulty=0, questions=["bar_value"]).task
+
+
+def test_shape_scale_sizes_the_shapes_and_keeps_the_default_draws():
+  """Scale 1 is the original range ``[max(6, S // 9), max(7, S // 5)]`` (so every earlier draw is unchanged);
+  scale 4 at 56 px draws sides of 24-44 pixels, each colour answer still the single region's colour."""
+  for size in range(28, 200):
+    assert ImageTaskConfig(image_size=size, max_value=2).shape_sides() == (max(6, size // 9), max(7, size // 5))
+  cfg = ImageTaskConfig.level(0, image_size=56, questions=("leftmost_color",), max_objects=1, num_colors=4,
+                              shape_scale=4.0)
+  assert cfg.shape_sides() == (24, 44)
+  sides = []
+  for ex in generate_image_task(60, seed=1, config=cfg):
+    (name, bbox, _), = _components(ex.image)
+    assert name == ex.answer
+    sides.append(bbox[2] - bbox[0] + 1)
+  assert 24 <= min(sides) and max(sides) <= 44 and max(sides) - min(sides) > 10
+  assert BuiltinImageTask(difficulty=0, image_size=56, shape_scale=4.0).task.shape_scale == 4.0
+  with pytest.raises(ValueError, match="data.image_task: shape_scale must be in"):
+    BuiltinImageTask(difficulty=0, shape_scale=6.0).task
