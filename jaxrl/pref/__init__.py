@@ -19,6 +19,7 @@ from jaxrl.pref._data import (
     pair_messages,
     read_kto_units,
     read_pairs,
+    sampled_pairs,
     write_builtin_pairs,
 )
 from jaxrl.pref._rm import (
@@ -80,6 +81,7 @@ __all__ = [
     "reference_logps",
     "reward_model_score",
     "rm_loss_fn",
+    "sampled_pairs",
     "sequence_scores",
     "write_builtin_pairs",
 ]
