@@ -23,12 +23,14 @@ from jaxrl.pref._data import (
     write_builtin_pairs,
 )
 from jaxrl.pref._rm import (
+    POOLINGS,
     REWARD_HEAD_FILE,
     RewardModel,
     export_reward_model,
     last_token_mask,
     load_reward_model,
     reward_model_score,
+    reward_pooling,
     sequence_scores,
 )
 from jaxrl.pref._trainer import (
@@ -52,6 +54,7 @@ __all__ = [
     "KTO",
     "KTO_KEYS",
     "PAIR_KEYS",
+    "POOLINGS",
     "REJECTED_KINDS",
     "REWARD_HEAD_FILE",
     "RewardModel",
@@ -80,6 +83,7 @@ __all__ = [
     "read_pairs",
     "reference_logps",
     "reward_model_score",
+    "reward_pooling",
     "rm_loss_fn",
     "sampled_pairs",
     "sequence_scores",
