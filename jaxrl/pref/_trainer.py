@@ -246,9 +246,9 @@ def _kto(loss_cfg: PrefLoss, batch, logps, kl_logps, ref_logps, kl_ref_logps):
 
 def rm_loss_fn(graphdef, loss_cfg: PrefLoss):
   """``loss(params, batch) -> (Σ pair_weight·ℓ, metric sums)`` of a Bradley–Terry reward model
-  (:class:`jaxrl.models.ValueModel`): each sequence's reward is the head at its last token
-  or its mean over the answer (``loss.pooling``, :func:`jaxrl.pref.sequence_scores`), ``ℓ = -log σ(r_c - r_r - m) + λ·(r_c + r_r)²`` per pair
-  (:func:`jaxrl.losses.bradley_terry_loss`; ``m`` the batch's ``margins``, ``λ = loss.center_coef``)."""
+  (:class:`jaxrl.models.ValueModel`): each sequence's reward is the head at its last token or its mean over the
+  answer (``loss.pooling``, :func:`jaxrl.pref.sequence_scores`), ``ℓ = -log σ(r_c - r_r - m) + λ·(r_c + r_r)²``
+  per pair (:func:`jaxrl.losses.bradley_terry_loss`; ``m`` the batch's ``margins``, ``λ = loss.center_coef``)."""
   def loss_fn(params, batch):
     values = nnx.merge(graphdef, params)(batch["tokens"], positions=batch["positions"],
                                          segment_ids=batch["segment_ids"])  # [R, T]

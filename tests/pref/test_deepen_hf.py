@@ -37,8 +37,9 @@ def test_deepened_checkpoint_computes_the_same_logits(tmp_path):
   assert _script().deepen(src, dst, 2) == 4
   assert json.loads((dst / "config.json").read_text())["num_hidden_layers"] == 4
   w = load_file(str(next(dst.glob("*.safetensors"))))
-  assert not np.any(w["model.layers.3.mlp.down_proj.weight"]) and not np.any(w["model.layers.2.self_attn.o_proj.weight"])
-  np.testing.assert_array_equal(w["model.layers.3.self_attn.q_proj.weight"], w["model.layers.1.self_attn.q_proj.weight"])
+  layer = "model.layers.{}.{}.weight".format
+  assert not np.any(w[layer(3, "mlp.down_proj")]) and not np.any(w[layer(2, "self_attn.o_proj")])
+  np.testing.assert_array_equal(w[layer(3, "self_attn.q_proj")], w[layer(1, "self_attn.q_proj")])
   tokens = np.random.default_rng(0).integers(3, 128, size=(2, 12)).astype(np.int32)
   before, after = _logits(src, tokens), _logits(dst, tokens)
   assert np.std(before) > 0.01  # a random model: logits that would move if a block were not the identity
