@@ -20,6 +20,7 @@ from jaxrl.pref._data import (
     pair_messages,
     read_kto_units,
     read_pairs,
+    sampled_pairs,
     write_builtin_pairs,
 )
 from jaxrl.pref._prm import (
@@ -31,12 +32,14 @@ from jaxrl.pref._prm import (
     step_rewards,
 )
 from jaxrl.pref._rm import (
+    POOLINGS,
     REWARD_HEAD_FILE,
     RewardModel,
     export_reward_model,
     last_token_mask,
     load_reward_model,
     reward_model_score,
+    reward_pooling,
     sequence_scores,
 )
 from jaxrl.pref._trainer import (
@@ -60,6 +63,7 @@ __all__ = [
     "KTO",
     "KTO_KEYS",
     "PAIR_KEYS",
+    "POOLINGS",
     "REJECTED_KINDS",
     "REWARD_HEAD_FILE",
     "RewardModel",
@@ -91,7 +95,9 @@ __all__ = [
     "read_pairs",
     "reference_logps",
     "reward_model_score",
+    "reward_pooling",
     "rm_loss_fn",
+    "sampled_pairs",
     "sequence_scores",
     "step_end_rewards",
     "step_ids",

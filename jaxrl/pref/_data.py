@@ -238,6 +238,38 @@ def arithmetic_pairs(n: int, *, split: str, seed: int, task: data_lib.Arithmetic
   return out
 
 
+def sampled_pairs(problems: list[dict[str, Any]], records: list[dict[str, Any]], *, seed: int,
+                  per_prompt: int = 1) -> list[dict[str, Any]]:
+  """On-policy pairs from a model's own samples: for each problem whose ``k`` samples (a record of
+  :func:`jaxrl.eval.evaluate`, ``jaxrl eval``'s ``records.jsonl`` with responses) hold both a correct and a wrong
+  one, up to ``per_prompt`` pairs ``{"prompt", "chosen", "rejected", "answer"}``: distinct wrong responses, each
+  with a correct one (drawn with ``seed``; a correct sample cut off at the token limit is not used). A record
+  matches ``problems[line - 1]``.
+
+  Raises:
+    ValueError: a record without responses, or whose line is not a problem.
+  """
+  if per_prompt < 1:
+    raise ValueError(f"per_prompt must be >= 1, got {per_prompt}")
+  rng = np.random.default_rng([seed, 11])
+  out = []
+  for rec in records:
+    if "responses" not in rec:
+      raise ValueError(f"record of line {rec.get('line')} has no responses (jaxrl eval --no-responses?)")
+    if not 1 <= rec["line"] <= len(problems):
+      raise ValueError(f"record line {rec['line']} is not one of the {len(problems)} problems")
+    problem = problems[rec["line"] - 1]
+    samples = list(zip(rec["responses"], rec["correct"], rec["finish_reasons"]))
+    good = sorted({t for t, ok, why in samples if ok and why != "length"})
+    bad = sorted({t for t, ok, _ in samples if not ok})
+    if not good or not bad:
+      continue
+    for wrong in rng.permutation(bad)[:per_prompt]:
+      out.append({"prompt": problem["prompt"], "chosen": str(rng.choice(good)), "rejected": str(wrong),
+                  "answer": problem["answer"]})
+  return out
+
+
 def write_builtin_pairs(out_dir: Path, builtin: data_lib.BuiltinTask,
                         rejected: str = "operand") -> tuple[Path, Path | None]:
   """Writes ``train.jsonl`` and ``heldout.jsonl`` pairs of the built-in task under ``out_dir``

@@ -2,14 +2,17 @@
 
 A reward model is :class:`jaxrl.models.ValueModel` (a decoder trunk and a scalar head ``[D] -> 1``, the
 critic's construction); the reward of a sequence is the head's output at its **last token** (the end of the
-answer's turn), as TRL's ``RewardTrainer`` and InstructGPT read it. In a packed row that token is the last
-one of its ``seq_ids`` run, so a sequence's score does not depend on what else shares its row.
+answer's turn), as TRL's ``RewardTrainer`` and InstructGPT read it, or with ``pooling="mean"`` the mean of the
+head over the answer's positions (the tokens whose next token is an answer token: the ``loss_mask`` of the
+packed row), so a verdict formed at one step need not be carried to the end. In a packed row either reads one
+``seq_ids`` run only, so a sequence's score does not depend on what else shares its row.
 
 Export (``out_dir/hf`` of ``jaxrl dpo`` with ``loss.name: bradley_terry``): the trunk as a Hugging Face
 directory (:func:`jaxrl.models.save_pretrained`; without ``lm_head.weight``, which the reward model does not
 have) plus :data:`REWARD_HEAD_FILE`, a safetensors file with ``score.weight`` ``[1, D]`` and ``score.bias``
 ``[1]`` (float32; the names of ``transformers``' ``*ForSequenceClassification`` head, which has no bias):
-``r = h_last · score.weight[0] + score.bias[0]``.
+``r = h_last · score.weight[0] + score.bias[0]``; the file's metadata ``pooling`` (absent: ``last``) says
+which positions are read.
 """
 
 from __future__ import annotations
@@ -30,6 +33,16 @@ from jaxrl.pref._data import answer_messages, pack_sequences
 REWARD_HEAD_FILE = "reward_head.safetensors"
 """The reward head's file in an exported reward-model directory (module docstring)."""
 
+POOLINGS = ("last", "mean")
+"""Where a sequence's reward is read (module docstring): the last token, or the mean over the answer."""
+
+
+def check_pooling(pooling: str, where: str = "pooling") -> str:
+  """``pooling`` if it is one of :data:`POOLINGS`, else a ``ValueError`` naming ``where``."""
+  if pooling not in POOLINGS:
+    raise ValueError(f"{where} must be one of {list(POOLINGS)}, got {pooling!r}")
+  return pooling
+
 
 def last_token_mask(seq_ids: jax.Array) -> jax.Array:  # [R, T] bool
   """True at the last token of each sequence of packed rows (``seq_ids`` > 0, runs of one id per sequence)."""
@@ -38,23 +51,36 @@ def last_token_mask(seq_ids: jax.Array) -> jax.Array:  # [R, T] bool
   return (seq_ids > 0) & (following != seq_ids)
 
 
-def sequence_scores(values: jax.Array, seq_ids: jax.Array, num_sequences: int) -> jax.Array:  # [S]
-  """The value at each sequence's last token, ``[S]`` (sequence ``j`` carries ``seq_ids == j + 1``; a
-  sequence absent from the rows scores 0).
+def sequence_scores(values: jax.Array, seq_ids: jax.Array, num_sequences: int, *, pooling: str = "last",
+                    answer_mask: jax.Array | None = None) -> jax.Array:  # [S]
+  """The value at each sequence's last token, or (``pooling="mean"``) its mean over the ``answer_mask``
+  positions, ``[S]`` (sequence ``j`` carries ``seq_ids == j + 1``; a sequence absent from the rows scores 0).
 
   Args:
     values: ``[R, T]`` per-token head outputs.
     seq_ids: ``[R, T]`` sequence ids (0 padding), as :func:`jaxrl.pref.pack_pairs` lays them out.
     num_sequences: ``S``.
+    pooling: one of :data:`POOLINGS`.
+    answer_mask: ``[R, T]`` the positions ``mean`` averages (the packed ``loss_mask``); needed for ``mean``.
   """
-  last = last_token_mask(seq_ids)  # [R, T]
-  idx = jnp.where(last, jnp.asarray(seq_ids) - 1, num_sequences)  # [R, T]
-  picked = jnp.where(last, values, 0.0)
-  return jax.ops.segment_sum(picked.reshape(-1), idx.reshape(-1), num_segments=num_sequences + 1)[:-1]
+  seq_ids = jnp.asarray(seq_ids)
+  if check_pooling(pooling) == "last":
+    read = last_token_mask(seq_ids)  # [R, T]
+  elif answer_mask is None:
+    raise ValueError("pooling='mean' needs answer_mask")
+  else:
+    read = (jnp.asarray(answer_mask) > 0) & (seq_ids > 0)  # [R, T]
+  idx = jnp.where(read, seq_ids - 1, num_sequences).reshape(-1)  # [R*T]
+  total = jax.ops.segment_sum(jnp.where(read, values, 0.0).reshape(-1), idx, num_segments=num_sequences + 1)[:-1]
+  if pooling == "last":
+    return total
+  count = jax.ops.segment_sum(read.reshape(-1).astype(values.dtype), idx, num_segments=num_sequences + 1)[:-1]
+  return total / jnp.maximum(count, 1.0)
 
 
-def export_reward_model(vm: models.ValueModel, path: str | Path, *, tokenizer=None) -> Path:
-  """Writes the trunk (HF directory) and :data:`REWARD_HEAD_FILE` under ``path``; returns the head's path."""
+def export_reward_model(vm: models.ValueModel, path: str | Path, *, tokenizer=None, pooling: str = "last") -> Path:
+  """Writes the trunk (HF directory) and :data:`REWARD_HEAD_FILE` (with its ``pooling``) under ``path``; returns
+  the head's path."""
   from safetensors.numpy import save_file  # lazy: safetensors is only needed to export
 
   path = Path(path)
@@ -62,7 +88,8 @@ def export_reward_model(vm: models.ValueModel, path: str | Path, *, tokenizer=No
   head = sharding.to_host({"w": vm.value_head[...], "b": vm.value_bias[...]})
   if jax.process_index() == 0:
     save_file({"score.weight": np.asarray(head["w"], np.float32).reshape(1, -1),
-               "score.bias": np.asarray(head["b"], np.float32).reshape(1)}, str(path / REWARD_HEAD_FILE))
+               "score.bias": np.asarray(head["b"], np.float32).reshape(1)}, str(path / REWARD_HEAD_FILE),
+              metadata={"pooling": check_pooling(pooling)})
   return path / REWARD_HEAD_FILE
 
 
@@ -93,20 +120,32 @@ def load_reward_model(path: str | Path, *, mesh=None, rules=None, dtype: str | N
   return models.place_value_model(vm, mesh=mesh, rules=rules)
 
 
+def reward_pooling(path: str | Path) -> str:
+  """The ``pooling`` of an exported reward model (its head file's metadata; ``last`` when absent)."""
+  from safetensors import safe_open  # lazy: safetensors is only needed to load a reward model
+
+  head_path = Path(path) / REWARD_HEAD_FILE
+  with safe_open(str(head_path), "np") as f:
+    pooling = (f.metadata() or {}).get("pooling", "last")
+  return check_pooling(pooling, f"{head_path}: metadata pooling")
+
+
 class RewardModel:
   """Scores ``(prompt, completion)`` batches with a reward model on a mesh: one jitted forward per
   ``[rows, seq_len]`` packed batch, no server.
 
   Each pair is encoded as the trainer encodes a preference pair's answer (:func:`jaxrl.pref.answer_messages`
   through the chat template), the sequences are packed (best fit) into batches of ``rows`` rows, and each
-  score is the head's output at the sequence's last token (:func:`sequence_scores`).
+  score is the head's output at the sequence's last token or its mean over the answer (``pooling``,
+  :func:`sequence_scores`).
   """
 
   def __init__(self, vm: models.ValueModel, tokenizer, *, rows: int = 8, seq_len: int = 512, mesh=None,
-               rules=None):
+               rules=None, pooling: str = "last"):
     if jax.process_count() > 1:
       raise ValueError("reward.model: the reward model scores on one process only so far")
     self.tokenizer, self.rows, self.seq_len = tokenizer, rows, seq_len
+    self.pooling = check_pooling(pooling, "reward model pooling")
     self.mesh = mesh if mesh is not None else sharding.MeshConfig().build()
     self.rules = rules if rules is not None else sharding.LogicalRules.default()
     dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
@@ -124,8 +163,10 @@ class RewardModel:
 
   @classmethod
   def load(cls, path: str | Path, *, tokenizer=None, mesh=None, rules=None, **kwargs) -> RewardModel:
-    """The exported reward model of ``path`` (its tokenizer by default); ``kwargs``: ``rows``, ``seq_len``."""
+    """The exported reward model of ``path`` (its tokenizer and pooling by default); ``kwargs``: ``rows``,
+    ``seq_len``."""
     vm = load_reward_model(path, mesh=mesh, rules=rules)
+    kwargs.setdefault("pooling", reward_pooling(path))
     return cls(vm, tokenizer or models.load_tokenizer(path), mesh=mesh, rules=rules, **kwargs)
 
   def encode(self, prompt: Any, completion: Any, where: str = "sample") -> dict[str, np.ndarray]:
@@ -154,8 +195,14 @@ class RewardModel:
       arrays = pack_sequences(seqs, placed[lo:lo + self.rows], rows=self.rows, seq_len=self.seq_len, pad_id=pad)
       batch = {k: sharding.global_batch(arrays[k], self.batch_sharding) for k in ("tokens", "positions", "segment_ids")}
       values = sharding.to_host(self._forward(self.params, batch))  # [R, T]
-      rr, cc = np.nonzero(np.asarray(last_token_mask(arrays["seq_ids"])))
-      out[arrays["seq_ids"][rr, cc] - 1] = values[rr, cc]
+      if self.pooling == "last":
+        rr, cc = np.nonzero(np.asarray(last_token_mask(arrays["seq_ids"])))
+        out[arrays["seq_ids"][rr, cc] - 1] = values[rr, cc]
+        continue
+      ids = np.unique(arrays["seq_ids"][arrays["seq_ids"] > 0])
+      scores = sequence_scores(jnp.asarray(values, jnp.float32), arrays["seq_ids"], len(seqs), pooling=self.pooling,
+                               answer_mask=arrays["loss_mask"])
+      out[ids - 1] = np.asarray(scores)[ids - 1]
     return out
 
 

@@ -29,7 +29,7 @@ from flax import nnx
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
 from jaxrl.pref._data import Pair, PairStream, pair_batch, read_kto_units, read_pairs, write_builtin_pairs
-from jaxrl.pref._rm import export_reward_model, sequence_scores
+from jaxrl.pref._rm import check_pooling, export_reward_model, sequence_scores
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,6 +62,9 @@ class PrefLoss(train.ChunkedLoss):
   "SimPO's target margin."
   center_coef: float = 0.0
   "bradley_terry: λ of the centring term λ·(r_c + r_r)² (TRL's center_rewards_coefficient)."
+  pooling: str = "last"
+  ("bradley_terry: where a sequence's reward is read, last (the head at its last token, TRL's) or mean (the "
+   "head's mean over the answer's positions); saved with the exported head (jaxrl.pref.sequence_scores).")
   desirable_weight: float = 1.0
   "kto: λ_D, the weight of desirable completions' losses."
   undesirable_weight: float = 1.0
@@ -85,6 +88,9 @@ class PrefLoss(train.ChunkedLoss):
       raise ValueError(f"loss.center_coef applies to loss.name: bradley_terry only, not {self.name!r}")
     if self.center_coef < 0:
       raise ValueError(f"loss.center_coef must be >= 0, got {self.center_coef}")
+    check_pooling(self.pooling, "loss.pooling")
+    if self.pooling != "last" and not self.reward_model:
+      raise ValueError(f"loss.pooling applies to loss.name: bradley_terry only, not {self.name!r}")
 
   @property
   def reward_model(self) -> bool:
@@ -240,14 +246,15 @@ def _kto(loss_cfg: PrefLoss, batch, logps, kl_logps, ref_logps, kl_ref_logps):
 
 def rm_loss_fn(graphdef, loss_cfg: PrefLoss):
   """``loss(params, batch) -> (Σ pair_weight·ℓ, metric sums)`` of a Bradley–Terry reward model
-  (:class:`jaxrl.models.ValueModel`): each sequence's reward is the head at its last token
-  (:func:`jaxrl.pref.sequence_scores`), ``ℓ = -log σ(r_c - r_r - m) + λ·(r_c + r_r)²`` per pair
-  (:func:`jaxrl.losses.bradley_terry_loss`; ``m`` the batch's ``margins``, ``λ = loss.center_coef``)."""
+  (:class:`jaxrl.models.ValueModel`): each sequence's reward is the head at its last token or its mean over the
+  answer (``loss.pooling``, :func:`jaxrl.pref.sequence_scores`), ``ℓ = -log σ(r_c - r_r - m) + λ·(r_c + r_r)²``
+  per pair (:func:`jaxrl.losses.bradley_terry_loss`; ``m`` the batch's ``margins``, ``λ = loss.center_coef``)."""
   def loss_fn(params, batch):
     values = nnx.merge(graphdef, params)(batch["tokens"], positions=batch["positions"],
                                          segment_ids=batch["segment_ids"])  # [R, T]
     num_pairs = batch["pair_valid"].shape[0]
-    scores = sequence_scores(values, batch["seq_ids"], 2 * num_pairs)  # [2P]
+    scores = sequence_scores(values, batch["seq_ids"], 2 * num_pairs, pooling=loss_cfg.pooling,
+                             answer_mask=batch["loss_mask"])  # [2P]
     per_pair, m = losses.bradley_terry_loss(scores[0::2], scores[1::2], margin=batch["margins"],
                                             center_coef=loss_cfg.center_coef)  # [P]
     return jnp.sum(batch["pair_weight"] * per_pair), _metric_sums(batch["pair_valid"], per_pair, m)
@@ -352,7 +359,7 @@ class DPOTrainer(train.PackedTrainer):
       return super()._export(results)
     if self.cfg.export_hf:
       results["reward_head"] = str(export_reward_model(self.current_model(), self.out_dir / "hf",
-                                                       tokenizer=self.tokenizer))
+                                                       tokenizer=self.tokenizer, pooling=self.cfg.loss.pooling))
       results["hf_dir"] = str(self.out_dir / "hf")
 
   def _precompute(self) -> tuple[np.ndarray, np.ndarray]:

@@ -64,3 +64,29 @@ def test_operand_pairs_are_unchanged_and_held_out_questions_are_disjoint():
   assert len(held) == 64 and not train & held
   with pytest.raises(ValueError, match="rejected must be one of"):
     pref.arithmetic_pairs(2, split="train", seed=1, task=task, rejected="typo")
+
+
+def _record(line, samples):
+  """A ``jaxrl eval`` record of ``(response, correct, finish reason)`` samples."""
+  texts, correct, reasons = zip(*samples)
+  return {"line": line, "responses": list(texts), "correct": list(correct), "finish_reasons": list(reasons)}
+
+
+def test_sampled_pairs_pair_a_correct_sample_with_distinct_wrong_ones_of_the_same_question():
+  problems = [{"prompt": f"{i}+1=?", "answer": str(i + 1)} for i in range(4)]
+  right = [f"{i}+1={i + 1}. Answer: {i + 1}" for i in range(4)]
+  records = [
+      _record(1, [(right[0], True, "eos"), ("0+1=2. Answer: 2", False, "eos"), ("0+1=2. Answer: 2", False, "eos"),
+                  ("0+1=3. Answer: 3", False, "length")]),
+      _record(2, [(right[1], True, "eos"), (right[1], True, "eos")]),  # no wrong sample: no pair
+      _record(3, [("2+1=4. Answer: 4", False, "eos")]),  # no correct sample: no pair
+      _record(4, [(right[3], True, "length"), ("3+1=5. Answer: 5", False, "eos")]),  # the correct one is cut off
+  ]
+  pairs = pref.sampled_pairs(problems, records, seed=0, per_prompt=3)
+  assert sorted(p["rejected"] for p in pairs) == ["0+1=2. Answer: 2", "0+1=3. Answer: 3"]  # deduplicated
+  assert all(p["prompt"] == "0+1=?" and p["chosen"] == right[0] and p["answer"] == "1" for p in pairs)
+  assert len(pref.sampled_pairs(problems, records, seed=0, per_prompt=1)) == 1
+  with pytest.raises(ValueError, match="line 9 is not one of the 4 problems"):
+    pref.sampled_pairs(problems, [_record(9, [("x", True, "eos")])], seed=0)
+  with pytest.raises(ValueError, match="has no responses"):
+    pref.sampled_pairs(problems, [{"line": 1, "correct": [True]}], seed=0)

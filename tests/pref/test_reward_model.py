@@ -71,24 +71,28 @@ def _random_head_rm(seed=0):
   return vm
 
 
-def _unpacked_scores(vm, seqs):
-  """Each sequence alone in a ``[1, L]`` row; its reward is the head at its last position."""
+def _unpacked_scores(vm, seqs, pooling="last"):
+  """Each sequence alone in a ``[1, L]`` row; its reward is the head at its last position, or (``mean``) the
+  float64 mean of the head over the positions whose next token is an answer token."""
   out = []
   for s in seqs:
     tok = jnp.asarray(s["tokens"], jnp.int32)[None]
-    v = vm(tok, positions=jnp.arange(tok.shape[1])[None], segment_ids=jnp.ones_like(tok))  # [1, L]
-    out.append(float(v[0, -1]))
+    v = np.asarray(vm(tok, positions=jnp.arange(tok.shape[1])[None], segment_ids=jnp.ones_like(tok))[0], np.float64)
+    before_answer = np.asarray(s["loss_mask"], bool)[1:]  # position t: token t + 1 is an answer token
+    out.append(v[-1] if pooling == "last" else v[:-1][before_answer].mean())
   return np.asarray(out, np.float64)
 
 
-def test_packing_two_ways_gives_the_same_loss_and_gradients_and_the_unpacked_scores(tokenizer):
+@pytest.mark.parametrize("pooling", pref.POOLINGS)
+def test_packing_two_ways_gives_the_same_loss_and_gradients_and_the_unpacked_scores(tokenizer, pooling):
   """8 pairs (with margins) packed tightly into 4 rows of 256 vs one sequence per row in 16 rows of 96: the
-  loss and every gradient agree, and the loss equals float64 numpy on each sequence scored alone."""
+  loss and every gradient agree, and the loss equals float64 numpy on each sequence scored alone (its last
+  token, or its mean over the answer)."""
   vm = _random_head_rm()
   graphdef, params = nnx.split(vm)
   records = _records(8)
   pairs = [pref.encode_pair(tokenizer, dict(r, margin=0.25 * i), f"pairs:{i}") for i, r in enumerate(records)]
-  loss_cfg = pref.PrefLoss(name="bradley_terry", center_coef=0.05)
+  loss_cfg = pref.PrefLoss(name="bradley_terry", center_coef=0.05, pooling=pooling)
   loss_fn = pref.rm_loss_fn(graphdef, loss_cfg)
   grad = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, pref.pref_prepare(b))[0]))
   out = []
@@ -98,8 +102,8 @@ def test_packing_two_ways_gives_the_same_loss_and_gradients_and_the_unpacked_sco
       assert (arrays["segment_ids"].max(axis=1) >= 2).all()  # really packed (several sequences a row)
     out.append(grad(params, {k: jnp.asarray(v) for k, v in arrays.items()}))
   (loss_a, grads_a), (loss_b, grads_b) = out
-  rc = _unpacked_scores(vm, [p.chosen for p in pairs])
-  rr = _unpacked_scores(vm, [p.rejected for p in pairs])
+  rc = _unpacked_scores(vm, [p.chosen for p in pairs], pooling)
+  rr = _unpacked_scores(vm, [p.rejected for p in pairs], pooling)
   want = np.mean(_np_bt(rc, rr, 0.25 * np.arange(8), 0.05)[0])
   np.testing.assert_allclose(float(loss_a), want, rtol=1e-5)
   np.testing.assert_allclose(float(loss_a), float(loss_b), rtol=1e-6)
@@ -138,10 +142,13 @@ def test_step_loss_equals_numpy_on_unpacked_sequences_and_resume_is_bitwise(tmp_
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_export_and_the_batched_scorer_equal_a_direct_forward(tmp_path, tokenizer):
+@pytest.mark.parametrize("pooling", pref.POOLINGS)
+def test_export_and_the_batched_scorer_equal_a_direct_forward(tmp_path, tokenizer, pooling):
   """The exported trunk + head, loaded by :class:`jaxrl.pref.RewardModel`, scores (prompt, completion) batches
-  (several packed batches of 8 rows) as the trained model does on each sequence alone."""
-  trainer = pref.DPOTrainer(_cfg(tmp_path, steps=3, export_hf=True))
+  (several packed batches of 8 rows) as the trained model does on each sequence alone; the export keeps the
+  pooling."""
+  trainer = pref.DPOTrainer(_cfg(tmp_path, steps=3, export_hf=True,
+                                 loss={"name": "bradley_terry", "center_coef": 0.05, "pooling": pooling}))
   out = trainer.run()
   head = out["reward_head"]
   assert head.endswith(pref.REWARD_HEAD_FILE)
@@ -151,10 +158,11 @@ def test_export_and_the_batched_scorer_equal_a_direct_forward(tmp_path, tokenize
   completions = [r["chosen"] if i % 2 else r["rejected"] for i, r in enumerate(records)] + [
       r["chosen"] for r in records[:4]]
   rm = pref.RewardModel.load(out["hf_dir"], rows=8, seq_len=128)
+  assert rm.pooling == pref.reward_pooling(out["hf_dir"]) == pooling
   got = rm.score(prompts, completions)
   seqs = [rm.encode(p, c) for p, c in zip(prompts, completions)]
   assert len(data_lib.assign_rows([len(s["tokens"]) for s in seqs], 128, method="best_fit")) > 8  # > 1 batch
-  want = _unpacked_scores(vm, seqs)
+  want = _unpacked_scores(vm, seqs, pooling)
   assert np.std(want) > 1e-4
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(got[-4:][[1, 3]], got[[1, 3]])  # a one-user-turn message list = the string
@@ -168,6 +176,10 @@ def test_config_errors_name_the_key(tmp_path):
     _cfg(tmp_path, reference="model")
   with pytest.raises(ValueError, match="loss.center_coef applies to loss.name: bradley_terry only"):
     _cfg(tmp_path, loss={"name": "sigmoid", "center_coef": 0.1}, reference="model")
+  with pytest.raises(ValueError, match="loss.pooling applies to loss.name: bradley_terry only"):
+    _cfg(tmp_path, loss={"name": "sigmoid", "pooling": "mean"}, reference="model")
+  with pytest.raises(ValueError, match=r"loss.pooling must be one of \['last', 'mean'\], got 'max'"):
+    _cfg(tmp_path, loss={"name": "bradley_terry", "pooling": "max"})
   with pytest.raises(ValueError, match="LoRA is not supported for reward models"):
     _cfg(tmp_path, lora={"rank": 4, "alpha": 8.0})
 
