@@ -307,6 +307,14 @@ def pack_sequences(seqs: list[dict[str, np.ndarray]], placed: list[list[int]], *
   return out
 
 
+def packed_batches(seqs: list[dict[str, np.ndarray]], *, rows: int, seq_len: int, pad_id: int = 0):
+  """Yields ``[rows, seq_len]`` host arrays (:func:`pack_sequences`) of ``seqs`` placed best-fit, batch after
+  batch, until every sequence is in one: how the reward model and the implicit PRM score many sequences."""
+  placed = data_lib.assign_rows([len(s["tokens"]) for s in seqs], seq_len, method="best_fit")
+  for lo in range(0, len(placed), rows):
+    yield pack_sequences(seqs, placed[lo:lo + rows], rows=rows, seq_len=seq_len, pad_id=pad_id)
+
+
 def pack_pairs(pairs: list[Pair], *, rows: int, seq_len: int, method: str, pad_id: int = 0) -> dict[str, np.ndarray]:
   """The :data:`PAIR_KEYS` arrays ``[rows, seq_len]`` of ``pairs`` (module docstring), plus per-pair
   ``chosen_lengths`` and ``rejected_lengths`` (scored tokens) and ``margins`` (:attr:`Pair.margin`) ``[P]``.

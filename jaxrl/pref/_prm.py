@@ -33,7 +33,7 @@ from flax import nnx
 
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding
-from jaxrl.pref._data import answer_messages, pack_sequences
+from jaxrl.pref._data import answer_messages, packed_batches
 
 
 def step_ids(tokenizer, ids: Sequence[int], delimiter: str | None = "\n") -> np.ndarray:  # [L] int32, 1..K
@@ -177,10 +177,8 @@ class ImplicitPRM:
     out = [np.zeros(int(s["loss_mask"].sum()), np.float32) for s in seqs]
     if not seqs:
       return out
-    placed = data_lib.assign_rows([len(s["tokens"]) for s in seqs], self.seq_len, method="best_fit")
     pad = self.tokenizer.pad_token_id or 0
-    for lo in range(0, len(placed), self.rows):
-      arrays = pack_sequences(seqs, placed[lo:lo + self.rows], rows=self.rows, seq_len=self.seq_len, pad_id=pad)
+    for arrays in packed_batches(seqs, rows=self.rows, seq_len=self.seq_len, pad_id=pad):
       keys = ("tokens", "positions", "segment_ids", "targets", "loss_mask")
       batch = {k: sharding.global_batch(arrays[k], self.batch_sharding) for k in keys}
       q = np.asarray(sharding.to_host(self._forward(self.params, self.ref_params, batch)))  # [R, T]

@@ -28,7 +28,7 @@ from flax import nnx
 
 from jaxrl import data as data_lib
 from jaxrl import models, sharding
-from jaxrl.pref._data import answer_messages, pack_sequences
+from jaxrl.pref._data import answer_messages, packed_batches
 
 REWARD_HEAD_FILE = "reward_head.safetensors"
 """The reward head's file in an exported reward-model directory (module docstring)."""
@@ -189,10 +189,8 @@ class RewardModel:
     out = np.zeros(len(seqs), np.float32)
     if not seqs:
       return out
-    placed = data_lib.assign_rows([len(s["tokens"]) for s in seqs], self.seq_len, method="best_fit")
     pad = self.tokenizer.pad_token_id or 0
-    for lo in range(0, len(placed), self.rows):
-      arrays = pack_sequences(seqs, placed[lo:lo + self.rows], rows=self.rows, seq_len=self.seq_len, pad_id=pad)
+    for arrays in packed_batches(seqs, rows=self.rows, seq_len=self.seq_len, pad_id=pad):
       batch = {k: sharding.global_batch(arrays[k], self.batch_sharding) for k in ("tokens", "positions", "segment_ids")}
       values = sharding.to_host(self._forward(self.params, batch))  # [R, T]
       if self.pooling == "last":
