@@ -59,6 +59,9 @@ class PromptData(data_lib.TaskData):
   num_patches: int | None = None
   ("Vision-language models: patches per packed row (a fixed bucket, a multiple of merge_size**2); None: the worst "
    "case, sequences per row x images_per_prompt x max_pixels // patch_size**2 (`jaxrl.plan.vision_bucket`).")
+  zero_pixels: bool = False
+  ("Vision-language models: zero every prompt image's pixel values in rollouts, training and held-out eval "
+   "(tokens and layouts unchanged): the image-ablated control.")
 
   def __post_init__(self):
     if not self.train and self.builtin is None and self.image_task is None and self.caption_task is None:

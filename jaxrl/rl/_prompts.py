@@ -118,15 +118,17 @@ def rm_prompt(record: dict[str, Any]) -> str | list[dict[str, Any]]:
 
 class EncodedPrompts:
   """Records with their prompt token ids and rendered prompt text; over-long prompts are skipped (one
-  with images is never truncated: its image tokens and pixels would disagree)."""
+  with images is never truncated: its image tokens and pixels would disagree). ``zero_pixels``: every
+  image's pixel values come back zeroed from :meth:`images` (the image-ablated control)."""
 
   def __init__(self, records: list[dict[str, Any]], tokenizer, *, max_tokens: int,
-               images: data_lib.ImageConfig | None = None):
+               images: data_lib.ImageConfig | None = None, zero_pixels: bool = False):
     self.records, self.ids, self.texts = [], [], []
     self.skipped = 0
     self.max_tokens = max_tokens
     self.skipped_where: list[str] = []  # file:line (or "record N") of the skipped prompts
     self.tokenizer, self.image_config = tokenizer, images or data_lib.ImageConfig()
+    self.zero_pixels = zero_pixels
     self.with_images: list[bool] = []
     for n, rec in enumerate(records):
       vl = _has_images(rec)
@@ -163,7 +165,7 @@ class EncodedPrompts:
     if not np.array_equal(enc["tokens"], self.ids[i]):
       raise data_lib.DataError(f"{self.records[i].get('_where', f'record {i}')}: its images changed since the "
                                "prompts were loaded (their token count differs)")
-    return enc
+    return dict(enc, pixel_values=np.zeros_like(enc["pixel_values"])) if self.zero_pixels else enc
 
   def skip_report(self, report: data_lib.SkipReport | None = None) -> data_lib.SkipReport:
     """Adds the over-long prompts to ``report`` (a new one by default) and returns it."""
@@ -224,7 +226,7 @@ def load_prompt_sets(cfg: PromptData, tokenizer) -> tuple[EncodedPrompts, Encode
   else:
     train = builtin_records(cfg.builtin, "train")
     heldout = read_records(cfg.heldout) if cfg.heldout else builtin_records(cfg.builtin, "heldout")
-  enc_train = EncodedPrompts(train, tokenizer, max_tokens=cfg.max_prompt_tokens, images=cfg.images)
-  enc_heldout = (EncodedPrompts(heldout, tokenizer, max_tokens=cfg.max_prompt_tokens, images=cfg.images)
-                 if heldout else None)
+  kw = dict(max_tokens=cfg.max_prompt_tokens, images=cfg.images, zero_pixels=cfg.zero_pixels)
+  enc_train = EncodedPrompts(train, tokenizer, **kw)
+  enc_heldout = EncodedPrompts(heldout, tokenizer, **kw) if heldout else None
   return enc_train, enc_heldout

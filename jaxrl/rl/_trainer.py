@@ -75,7 +75,10 @@ class RLTrainer:
                        f"{self.procs} processes (each generates an equal share of whole prompt groups)")
     self.mesh = cfg.mesh.build(devices)
     self.rules = cfg.mesh.logical_rules()
-    tok_dir = data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir, vision=cfg.model.config().vision is not None)
+    vl = cfg.model.config().vision is not None
+    if cfg.data.zero_pixels and not vl:
+      raise ValueError("data.zero_pixels: true needs a vision-language model (this model is text-only)")
+    tok_dir = data_lib.tokenizer_dir(cfg.tokenizer, cfg.model.hf_dir, vision=vl)
     self.tokenizer = models.load_tokenizer(tok_dir)
     model = cfg.model.build(mesh=self.mesh, rules=self.rules)
     models.check_tokenizer(self.tokenizer, model.cfg)

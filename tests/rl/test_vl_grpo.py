@@ -14,8 +14,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from jaxrl import config as config_lib
+from jaxrl import data as data_lib
 from jaxrl import models, rl, sampling
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "vision_r1_tiny.yaml"
@@ -92,3 +94,41 @@ def _check_batch(cfg, batch, old, n_image):
   # the contract: π_old (recomputed with the images and M-RoPE) equals the sampler's log-probs
   keep = batch["loss_mask"] > 0
   np.testing.assert_allclose(old[keep], batch["sampler_logprobs"][keep], rtol=0, atol=1e-4)
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_zero_pixels_blanks_the_images_the_sampler_gets_and_is_refused_for_a_text_model(tmp_path):
+  """``data.zero_pixels``: the rollout's sampler and the held-out prompts get all-zero pixel values with the
+  same tokens and image layout; without it the pixels are the images'. A text-only model refuses it."""
+  got = {}
+  for zero in (False, True):
+    cfg = config_lib.load(rl.RLConfig, CONFIG, [f"data.zero_pixels={json.dumps(zero)}",
+                                                 f"out_dir={json.dumps(str(tmp_path / 'run'))}"])
+    tok = models.load_tokenizer(data_lib.tokenizer_dir(None, None, vision=True))
+    train, heldout = rl.load_prompt_sets(cfg.data, tok)
+    seen = []
+
+    class Sampler:
+      def generate(self, prompts, **kw):
+        seen.append((prompts, kw["images"]))
+        raise _Stop
+
+    source = rl.EngineRollout(cfg.rollout, seed=0, backend=lambda step: Sampler(), submit=None, rewards=None)
+    try:
+      source.generate(Sampler(), [0, 1], [0, 1], prompts=train, max_new=4, n=2)
+    except _Stop:
+      pass
+    (ids, images), = seen
+    got[zero] = (ids, images, [heldout.images(i) for i in range(2)])
+  for (ids0, imgs0, held0), (ids1, imgs1, held1) in [(got[False], got[True])]:
+    assert ids0 == ids1  # the tokens are unchanged
+    for a, b in zip(imgs0 + held0, imgs1 + held1):
+      assert np.array_equal(a["grid_thw"], b["grid_thw"]) and a["pixel_values"].shape == b["pixel_values"].shape
+      assert np.abs(a["pixel_values"]).max() > 0 and not b["pixel_values"].any()
+  text = config_lib.load(rl.RLConfig, CONFIG.parent / "grpo_tiny.yaml", ["data.zero_pixels=true",
+                                                                          f"out_dir={json.dumps(str(tmp_path))}"])
+  with pytest.raises(ValueError, match="data.zero_pixels.*text-only"):
+    rl.RLTrainer(text)
