@@ -478,7 +478,7 @@ class RLTrainer:
         rewards_lib.problem_metrics(c, a, names) for c, a in zip(rewards > self.cfg.reward.correct_threshold, answers))],
         np.float64).reshape(len(idx), len(names))  # [P, M]
     real = min(ev.prompts, len(self.heldout_prompts))
-    first = getattr(self, "pid", 0) * len(idx)  # this share's first prompt position; positions >= real are fillers
+    first = self.pid * len(idx)  # this share's first prompt position; positions >= real are fillers
     metrics = monitor_metrics(scored.infos[:max(min(real - first, len(idx)), 0) * ev.samples], prefix)
     if self.procs > 1:  # every process's share, without the repeated filler prompts
       got, _ = sharding.allgather_rows({"r": rewards, "l": lengths, "m": per})
@@ -614,7 +614,7 @@ class RLTrainer:
     self.preemption.uninstall()  # a run that raised leaves the handlers installed until here
     self.rewards.close()
     rewards_lib.close_judges()  # judge servers this process launched (`judge.launch`)
-    if isinstance(getattr(self, "teacher", None), ServerTeacher):  # getattr: a trainer that failed to build
+    if isinstance(self.teacher, ServerTeacher):
       self.teacher.close()
 
 

@@ -66,6 +66,6 @@ def test_trainer_close_stops_launched_judges(monkeypatch):
   stopped = []
   monkeypatch.setattr(rewards, "close_judges", lambda: stopped.append(True) or 0)
   stub = types.SimpleNamespace(preemption=types.SimpleNamespace(uninstall=lambda: None),
-                               rewards=types.SimpleNamespace(close=lambda: None))
+                               rewards=types.SimpleNamespace(close=lambda: None), teacher=None)
   rl.RLTrainer.close(stub)
   assert stopped == [True]

@@ -18,7 +18,7 @@ def _stub(rewards, answers, metrics):
                                  infos=tuple({"extracted": a} for a in np.asarray(answers, object).reshape(-1)))
   return types.SimpleNamespace(
       eval_completions=lambda step, temperature=None, samples=None: (list(range(p)), out, ev),
-      _score=lambda prompts, idx, k, got: scored, procs=1, heldout_prompts=[None] * p,
+      _score=lambda prompts, idx, k, got: scored, procs=1, pid=0, heldout_prompts=[None] * p,
       cfg=types.SimpleNamespace(reward=types.SimpleNamespace(correct_threshold=0.5)))
 
 
