@@ -56,6 +56,31 @@ def _load_fixture_digest():
 
 import pytest  # noqa: E402
 
+MAP_BUDGET = 25_000
+"""Memory maps a test worker may hold before its compiled programs are dropped. XLA's CPU backend maps every
+loaded executable's code in its own regions (about 160 maps for a small model's program), the jit and lru
+caches keep them alive, and Linux refuses new maps past ``vm.max_map_count`` (65,530 by default): late in a
+worker's life, compiling or loading the next program then crashes XLA (docs/reliability.md). A whole
+``tests/sampling`` in one process reaches about 38,000; one test adds at most about 2,600."""
+
+
+def memory_maps() -> int:
+  """This process's memory-map count (``/proc/self/maps`` lines; 0 where there is no procfs)."""
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return 0
+
+
+def pytest_runtest_teardown(item, nextitem):
+  """Drops every compiled program once the worker holds more than :data:`MAP_BUDGET` memory maps: later
+  tests recompile (or load from the persistent cache) what they need."""
+  if memory_maps() > MAP_BUDGET:
+    import gc
+    jax.clear_caches()
+    gc.collect()
+
 
 @pytest.fixture(scope="session")
 def source_digest():
