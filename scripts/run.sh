@@ -14,10 +14,9 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   quickstart) exec .venv/bin/jaxrl quickstart "$@" ;;
-  # Three pytest calls, so no worker process lives through the whole suite: late in a long worker's life
-  # (~85 % of one call over everything), XLA has segfaulted loading a cached program (docs/reliability.md,
-  # "Not covered yet"); every file passes in a younger worker. The second call takes every directory the
-  # first does not name, so a new test directory is never left out.
+  # Three pytest calls, so no worker process lives through the whole suite (tests/conftest.py also drops
+  # compiled programs before a worker nears Linux's memory-map limit: docs/reliability.md). The second call
+  # takes every directory the first does not name, so a new test directory is never left out.
   test) if [ "$#" -gt 0 ]; then exec .venv/bin/python -m pytest -q -n 2 --durations=25 "$@"; fi
         first="tests/bench tests/data tests/envs tests/eval tests/kernels tests/latent tests/losses tests/models
                tests/multihost tests/plan"
