@@ -24,6 +24,13 @@ class TeacherServerConfig:
   "Most requests in flight at once."
   prompts_per_request: int = 16
   "Sequences scored by one ``/v1/completions`` request (the server scores a request's prompts in one forward)."
+  max_retries: int = 4
+  ("Retries of a request that timed out, lost its connection or was answered 429 or 5xx, with exponential "
+   "backoff; any other failure (e.g. 400) is raised at once.")
+  backoff_s: float = 0.5
+  "First retry's delay; each further retry doubles it (±25 % jitter), up to ``backoff_max_s``."
+  backoff_max_s: float = 8.0
+  "Longest delay between two tries, seconds."
 
   def __post_init__(self):
     if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
@@ -35,6 +42,11 @@ class TeacherServerConfig:
     for key in ("max_concurrency", "prompts_per_request"):
       if getattr(self, key) < 1:
         raise ValueError(f"distill.server.{key} must be >= 1, got {getattr(self, key)!r}")
+    if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+      raise ValueError(f"distill.server.max_retries must be an int >= 0, got {self.max_retries!r}")
+    if not 0 <= self.backoff_s <= self.backoff_max_s:
+      raise ValueError(f"distill.server: need 0 <= backoff_s <= backoff_max_s, got {self.backoff_s!r} and "
+                       f"{self.backoff_max_s!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -10,13 +10,19 @@ request (the server scores them in one forward), at most ``max_concurrency`` req
 
 Token ids mean the same on both sides only with the same tokenizer: at start the server's
 ``tokenizer_fingerprint`` (``/v1/models``; :func:`jaxrl.models.tokenizer_fingerprint`) must equal the student's,
-or the trainer refuses naming both. Only ``mode: reverse_kl`` (GKD needs the full distributions). A failed request
-raises with the URL, the samples it carried and the HTTP status and server message; nothing is retried or dropped.
+or the trainer refuses naming both. Only ``mode: reverse_kl`` (GKD needs the full distributions). A request that
+times out, loses its connection or is answered 429 or 5xx is retried up to ``max_retries`` times with exponential
+backoff (``backoff_s · 2^attempt``, at most ``backoff_max_s``, ±25 % jitter; :attr:`ServerTeacher.retries` counts
+them, the trainer logs ``distill/server_retries``); any other failure, or the last retry's, raises with the URL, the
+samples it carried and the HTTP status and server message. No sample is ever dropped.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -46,6 +52,8 @@ class ServerTeacher:
       if not key:
         raise ValueError(f"distill.server.api_key_env: the environment variable {cfg.api_key_env} is not set")
       headers["Authorization"] = f"Bearer {key}"
+    self.retries = 0  # retried requests so far (module docstring)
+    self._lock = threading.Lock()
     self.client = httpx.Client(timeout=cfg.timeout_s, headers=headers,
                                limits=httpx.Limits(max_connections=cfg.max_concurrency))
     self.check_tokenizer(models.tokenizer_fingerprint(student_tokenizer), student)
@@ -54,23 +62,34 @@ class ServerTeacher:
     self.client.close()
 
   def _call(self, method: str, route: str, what: str, body: dict | None = None) -> dict:
-    """The JSON answer of ``method base_url+route``; raises ``RuntimeError`` naming the request (``what``), the
-    URL and the HTTP status with the server's message."""
-    url = self.base_url + route
-    try:
-      r = self.client.request(method, url, json=body)
-    except self._httpx.HTTPError as e:
-      raise RuntimeError(f"distill.server: {method} {url} ({what}) failed: {type(e).__name__}: {e}") from e
-    if r.status_code != 200:
+    """The JSON answer of ``method base_url+route``, retried as the module docstring says; raises
+    ``RuntimeError`` naming the request (``what``), the URL and the HTTP status with the server's message."""
+    url, cfg = self.base_url + route, self.cfg
+    for attempt in range(cfg.max_retries + 1):
+      tries = f" (gave up after {attempt + 1} tries)" if attempt else ""
       try:
-        message = r.json()["error"]["message"]
-      except (ValueError, KeyError, TypeError):
-        message = r.text[:300]
-      raise RuntimeError(f"distill.server: {method} {url} ({what}) answered HTTP {r.status_code}: {message}")
-    try:
-      return r.json()
-    except ValueError as e:
-      raise RuntimeError(f"distill.server: {method} {url} ({what}) answered HTTP 200 with no JSON body") from e
+        r = self.client.request(method, url, json=body)
+      except self._httpx.TransportError as e:  # timeouts, refused or dropped connections
+        failure, transient = f"failed: {type(e).__name__}: {e}", True
+      except self._httpx.HTTPError as e:
+        raise RuntimeError(f"distill.server: {method} {url} ({what}) failed: {type(e).__name__}: {e}") from e
+      else:
+        if r.status_code == 200:
+          try:
+            return r.json()
+          except ValueError as e:
+            raise RuntimeError(f"distill.server: {method} {url} ({what}) answered HTTP 200 with no JSON body") from e
+        try:
+          message = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+          message = r.text[:300]
+        failure, transient = f"answered HTTP {r.status_code}: {message}", r.status_code == 429 or r.status_code >= 500
+      if not transient or attempt == cfg.max_retries:
+        raise RuntimeError(f"distill.server: {method} {url} ({what}) {failure}{tries}")
+      with self._lock:
+        self.retries += 1
+      time.sleep(min(cfg.backoff_s * 2**attempt, cfg.backoff_max_s) * random.uniform(0.75, 1.25))
+    raise AssertionError("unreachable")
 
   def check_tokenizer(self, fingerprint: str, student: str) -> None:
     """Refuses a server that does not serve ``cfg.model`` or whose tokenizer fingerprint differs from the

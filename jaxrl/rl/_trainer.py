@@ -381,6 +381,8 @@ class RLTrainer:
     tokens = sharding.allgather_rows({"t": np.asarray([p.tokens for p in packed], np.int64)})[0]["t"]
     tokens = tokens.reshape(self.procs, len(packed)).sum(0)  # [mini-batches] global real tokens
     metrics["advantage/abs_mean"] = float(np.abs(adv_all).sum() / max(mask_all.sum(), 1.0))
+    if remote:
+      metrics["distill/server_retries"] = float(self.teacher.retries)  # this process's, since the start
     metrics["train/micro_batches"] = float(np.mean([p.shape[0] for p in packed]))
     metrics["train/pack_efficiency"] = float(np.mean([t / (p.shape[0] * rows * row_len)
                                                       for t, p in zip(tokens, packed)]))

@@ -175,13 +175,21 @@ def test_server_errors_name_the_request_and_status(server):
   app = FastAPI()  # a server that lists the right tokenizer, then fails every scoring request
   listed = {"data": [{"id": "teacher", "tokenizer_fingerprint": models.tokenizer_fingerprint(tok)}]}
   app.get("/v1/models")(lambda: listed)
-  app.post("/v1/completions")(lambda: JSONResponse({"error": {"message": "overloaded"}}, status_code=503))
+  calls = []
+
+  def overloaded():
+    calls.append(1)
+    return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+
+  app.post("/v1/completions")(overloaded)
   srv = _serve(app)
   try:
-    client = ServerTeacher(TeacherServerConfig(base_url=srv.url, model="teacher"), student_tokenizer=tok,
-                           student="s", temperature=1.0)
-    with pytest.raises(RuntimeError, match=r"completions \(rollout samples 0..1\) answered HTTP 503: overloaded"):
+    client = ServerTeacher(TeacherServerConfig(base_url=srv.url, model="teacher", max_retries=2, backoff_s=0.01),
+                           student_tokenizer=tok, student="s", temperature=1.0)
+    with pytest.raises(RuntimeError, match=r"completions \(rollout samples 0..1\) answered HTTP 503: overloaded "
+                                           r"\(gave up after 3 tries\)"):
       client.logprobs(_rollout(4, 3))
+    assert len(calls) == 3 and client.retries == 2  # a 503 is retried max_retries times, then raised
     client.close()
     bare = FastAPI()
     bare.get("/v1/models")(lambda: {"data": [{"id": "teacher"}]})  # e.g. another server: no fingerprint
@@ -194,6 +202,50 @@ def test_server_errors_name_the_request_and_status(server):
       srv2.stop()
   finally:
     srv.stop()
-  with pytest.raises(RuntimeError, match=r"GET http://127.0.0.1:1/v1/models .* failed: ConnectError"):
-    ServerTeacher(TeacherServerConfig(base_url="http://127.0.0.1:1/v1", model="teacher"), student_tokenizer=tok,
-                  student="s", temperature=1.0)
+  with pytest.raises(RuntimeError, match=r"GET http://127.0.0.1:1/v1/models .* failed: ConnectError.*"
+                                         r"\(gave up after 2 tries\)"):
+    ServerTeacher(TeacherServerConfig(base_url="http://127.0.0.1:1/v1", model="teacher", max_retries=1,
+                                      backoff_s=0.01), student_tokenizer=tok, student="s", temperature=1.0)
+
+
+def test_transient_failures_are_retried_and_the_answer_is_the_servers(server):
+  """A teacher server that answers 503, then 429, then passes requests on to the real server: the log-probs equal
+  the real server's, two retries are counted; a 400 is not retried; bad retry keys are refused."""
+  import httpx
+
+  tok = _student_tokenizer()
+  direct = ServerTeacher(TeacherServerConfig(base_url=server.url, model="teacher"), student_tokenizer=tok,
+                         student="s", temperature=1.0)
+  want = direct.logprobs(_rollout(10, 4))
+  direct.close()
+  failures = [503, 429]
+  seen = []
+  app = FastAPI()
+  app.get("/v1/models")(lambda: httpx.get(server.url + "/models").json())
+
+  @app.post("/v1/completions")
+  async def flaky(body: dict):
+    seen.append(body.get("max_tokens"))
+    if failures:
+      return JSONResponse({"error": {"message": "busy"}}, status_code=failures.pop(0))
+    if body.get("max_tokens") == -1:
+      return JSONResponse({"error": {"message": "bad max_tokens"}}, status_code=400)
+    return httpx.post(server.url + "/completions", json=body, timeout=60).json()
+
+  srv = _serve(app)
+  try:
+    client = ServerTeacher(TeacherServerConfig(base_url=srv.url, model="teacher", backoff_s=0.01,
+                                               max_concurrency=1), student_tokenizer=tok, student="s",
+                           temperature=1.0)
+    np.testing.assert_array_equal(client.logprobs(_rollout(10, 4)), want)
+    assert client.retries == 2 and len(seen) == 3
+    with pytest.raises(RuntimeError, match=r"answered HTTP 400: bad max_tokens$"):
+      client._call("POST", "/completions", "a bad request", {"model": "teacher", "prompt": [1], "max_tokens": -1})
+    assert client.retries == 2 and len(seen) == 4  # not retried
+    client.close()
+  finally:
+    srv.stop()
+  for bad, match in (({"max_retries": -1}, "max_retries must be an int >= 0"),
+                     ({"backoff_s": 9.0}, "need 0 <= backoff_s <= backoff_max_s")):
+    with pytest.raises(ValueError, match=match):
+      TeacherServerConfig(base_url="http://x/v1", model="teacher", **bad)
