@@ -276,6 +276,8 @@ class Benchmark:
   "One of :data:`BENCHMARK_TASKS`."
   reward: str | None = None
   "``task: custom``: the reward's import path ``module:function``."
+  reward_kwargs: dict[str, Any] | None = None
+  "``task: custom``: keyword arguments bound to that reward (as ``reward.kwargs`` of ``jaxrl rl``)."
   require_think: bool = False
   "``task: math``: a response without ``<think>...</think>`` is wrong."
   prompt_field: str | None = None
@@ -307,6 +309,9 @@ class Benchmark:
     if (self.task == "custom") != (self.reward is not None):
       raise ValueError(f"reward (an import path) goes with task custom and only with it (task {self.task!r}, "
                        f"reward {self.reward!r})")
+    if self.reward_kwargs is not None and self.task != "custom":
+      raise ValueError(f"reward_kwargs go with task custom only (task {self.task!r}; task recipe takes the "
+                       "recipe's reward.kwargs)")
     if "{prompt}" not in self.template:
       raise ValueError(f"template must hold {{prompt}}, got {self.template!r}")
     if min(self.n, self.max_new_tokens, self.max_prompt_tokens) < 1:

@@ -108,7 +108,7 @@ def benchmark_settings(benchmark: Benchmark, recipe: RecipeEval) -> EvalSettings
 def benchmark_options(benchmark: Benchmark, recipe: RecipeEval) -> dict[str, Any]:
   """``jaxrl eval``'s options (argparse destinations) that ``benchmark`` and its recipe set; flags given on the
   command line override them. ``task: recipe`` becomes ``custom`` with the recipe's reward and its kwargs."""
-  task, reward, kwargs, runner = benchmark.task, benchmark.reward, None, None
+  task, reward, kwargs, runner = benchmark.task, benchmark.reward, benchmark.reward_kwargs, None
   if task == "recipe":
     task, reward = "custom", recipe.reward["fn"]
     kwargs, runner = recipe.reward["kwargs"], recipe.reward["runner"]

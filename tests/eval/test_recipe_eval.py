@@ -62,6 +62,9 @@ def _recipe(tmp_path, benchmarks, **extra):
     ({"name": "a", "data": "x.jsonl", "n": 4, "metrics": "avg@8"}, "eval.benchmarks[0].metrics"),
     ({"name": "a", "data": "x.jsonl", "task": "recipe"}, "eval.benchmarks[0].task: 'recipe'"),
     ({"name": "a", "data": "x.jsonl", "task": "custom"}, "eval.benchmarks[0]: reward"),
+    ({"name": "a", "data": "x.jsonl", "reward_kwargs": {"x": 1}}, "eval.benchmarks[0]: reward_kwargs go with task custom"),
+    ({"name": "a", "data": "x.jsonl", "task": "custom", "reward": "m:f", "reward_kwargs": 3},
+     "eval.benchmarks[0].reward_kwargs"),
     ({"name": "a b", "data": "x.jsonl"}, "eval.benchmarks[0]: name must be"),
     ({"name": "a"}, "missing required config key 'eval.benchmarks[0].data'"),
 ])
@@ -108,3 +111,14 @@ def test_config_run_equals_the_flags_run(tmp_path, capsys):
   (args, out), = _cli.recipe_runs(_cli.build_parser().parse_args(argv), _cli.explicit_options(argv))
   assert (args.n, args.metrics, args.stop, args.max_new_tokens, args.num_slots) == (1, "avg@1", ["\n"], 5, 6)
   assert out == Path("eval_out") / "recipe" / "other" and args.model == str(MODEL)
+
+
+def test_a_custom_benchmarks_reward_kwargs_reach_the_scorer(tmp_path):
+  bench = {"name": "c", "data": "x.jsonl", "task": "custom", "reward": "jaxrl.rewards:math_reward",
+           "reward_kwargs": {"config": {"require_think": True}}}
+  path = _recipe(tmp_path, [bench])
+  (args, _), = _cli.recipe_runs(_cli.build_parser().parse_args(["--config", str(path)]), {})
+  assert (args.task, args.reward, args.reward_kwargs) == ("custom", bench["reward"], bench["reward_kwargs"])
+  plain = _recipe(tmp_path, [{k: v for k, v in bench.items() if k != "reward_kwargs"}])
+  (args, _), = _cli.recipe_runs(_cli.build_parser().parse_args(["--config", str(plain)]), {})
+  assert args.reward_kwargs is None
