@@ -469,6 +469,9 @@ class RLConfig:
   "Base of the sampler's PRNG keys and of the mini-batch shuffle."
   export_hf: bool = False
   "Write an HF directory (out_dir/hf) at the end."
+  log_samples: int = 0
+  ("Each step, append the first N samples of process 0's rollout to out_dir/samples.jsonl (step, group, the "
+   "decoded prompt, the completion, reward, task reward, length, truncated); 0: none.")
   tensorboard: bool = True
   plan: PlanSection = dataclasses.field(default_factory=PlanSection)
   "Targets and model shapes for ``jaxrl plan`` (ignored by training)."
@@ -482,6 +485,8 @@ class RLConfig:
   def __post_init__(self):
     if self.steps < 1:
       raise ValueError(f"steps must be >= 1, got {self.steps!r}")
+    if isinstance(self.log_samples, bool) or not isinstance(self.log_samples, int) or self.log_samples < 0:
+      raise ValueError(f"log_samples must be an int >= 0, got {self.log_samples!r}")
     for target in self.plan.overrides:  # each target's variant must itself be a valid recipe
       data = config_lib.to_dict(dataclasses.replace(self, plan=PlanSection(targets=self.plan.targets,
                                                                            preset=self.plan.preset)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from typing import Any
 
 import jax
@@ -78,6 +79,20 @@ def vision_fields(cfg, prompt_ids, images) -> dict[str, Any]:
     rope.append(r[0])
     deltas.append(d[0, 0])
   return dict(prompt_images=tuple(images), prompt_rope=tuple(rope), rope_deltas=np.asarray(deltas, np.int32))
+
+
+def sample_records(rollout: Rollout, tokenizer, *, step: int, limit: int) -> list[dict[str, Any]]:
+  """The first ``limit`` samples of ``rollout`` as JSON rows (``log_samples``): step, group, the prompt decoded with
+  its special tokens (a run of one repeated special token, e.g. an image's placeholders, written once as
+  ``<|image_pad|>×N``), the completion text, reward, task reward, length and whether it was cut at the budget."""
+  rows = []
+  for i in range(min(limit, rollout.num_samples)):
+    prompt = tokenizer.decode([int(t) for t in rollout.prompt_ids[i]], skip_special_tokens=False)
+    prompt = re.sub(r"(<\|[^|<>\s]+\|>)(?:\1)+", lambda m: f"{m.group(1)}×{len(m.group(0)) // len(m.group(1))}", prompt)
+    rows.append({"step": step, "group": int(rollout.group_ids[i]), "prompt": prompt, "completion": rollout.texts[i],
+                 "reward": float(rollout.rewards[i]), "task_reward": float(rollout.task_rewards[i]),
+                 "length": int(rollout.lengths[i]), "truncated": bool(rollout.truncated[i])})
+  return rows
 
 
 def concat_rollouts(parts: list[Rollout]) -> Rollout:

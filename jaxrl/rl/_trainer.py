@@ -51,8 +51,12 @@ from jaxrl.rl._loss import make_logprob_fn
 from jaxrl.rl._packing import PackedBatch, agree_patch_bucket, pack_sequences, pad_micro_batches
 from jaxrl.rl._prm import load_implicit_prm, process_advantages, rollout_process_rewards
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields, rm_prompt
-from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sequence_fields
+from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sample_records, sequence_fields
 from jaxrl.rl._source import EngineRollout, RolloutSource, monitor_metrics
+
+
+SAMPLES_FILE = "samples.jsonl"
+"""Where ``log_samples`` writes each step's first samples (:func:`jaxrl.rl._rollout.sample_records`), in ``out_dir``."""
 
 
 class RLTrainer:
@@ -567,6 +571,10 @@ class RLTrainer:
                results: dict[str, Any]) -> int | None:
     """The step-loop tail: evaluation cadence, history row, progress line, then this step's checkpoint (forced
     at ``last`` or on a pre-emption signal). Returns the pre-emption signal that asks the run to stop, or None."""
+    if self.cfg.log_samples and self.pid == 0 and self.last_rollout is not None:
+      rows = sample_records(self.last_rollout, self.tokenizer, step=step, limit=self.cfg.log_samples)
+      with open(self.out_dir / SAMPLES_FILE, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     train.finish_step(step, metrics, logger=logger, history=self.history, results=results, evaluate=self.evaluate,
                       eval_every=self.cfg.eval.every, total_steps=self.cfg.steps)
     signum = self.preemption.requested()  # once per step, collective: every process gets the same answer
