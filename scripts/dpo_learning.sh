@@ -10,6 +10,8 @@
 #     held-out questions, a correct vs a wrong sample, jaxrl.rl:arithmetic_reward), DPO from the SFT export
 #     (configs/dpo_tiny.yaml: sigmoid loss, reference: model; LR, BETA, STEPS below), and greedy exact match of
 #     the export on the accuracy set (jaxrl eval, T = 0, 40 new tokens); the SFT start is scored the same way.
+# Validation (to choose LR, BETA, STEPS on seed 0 without looking at the accuracy set): greedy exact match on the
+# seed's 384 held-out pair questions (disjoint from the accuracy set and from the train pairs).
 # Run from the repository root; PYTHON picks the interpreter, SEEDS the seeds. Prints the table's rows.
 set -euo pipefail
 PY=${PYTHON:-python}
@@ -18,7 +20,9 @@ N_EVAL=${N_EVAL:-400}
 LR=${LR:-1.0e-4}
 BETA=${BETA:-0.1}
 STEPS=${STEPS:-200}
-TAG=${TAG:-lr${LR}_b${BETA}_n${STEPS}}
+LOSS=${LOSS:-sigmoid}
+NLL=${NLL:-0}  # loss.nll_coef: RPO's α (0: plain DPO)
+TAG=${TAG:-${LOSS}_lr${LR}_b${BETA}_n${STEPS}$([ "$NLL" = 0 ] || echo _nll$NLL)}
 SFT=runs/rm_sft1200
 EVALSET=runs/dpo_acc/evalset.jsonl
 
@@ -35,8 +39,8 @@ problems = data.generate_arithmetic(int(sys.argv[2]), seed=1000, split="heldout"
 data.write_jsonl(problems, sys.argv[1])
 EOF
 
-accuracy() {  # accuracy MODEL OUT: greedy exact match of MODEL on the accuracy set (summary under OUT)
-  [ -f "$2/summary.json" ] || $PY -m jaxrl.cli eval --model "$1" --data $EVALSET --task custom \
+accuracy() {  # accuracy MODEL OUT [DATA]: greedy exact match of MODEL on DATA (the accuracy set), summary under OUT
+  [ -f "$2/summary.json" ] || $PY -m jaxrl.cli eval --model "$1" --data "${3:-$EVALSET}" --task custom \
     --reward jaxrl.rl:arithmetic_reward --n 1 --temperature 0 --max-new-tokens 40 --seed 0 --out "$2" >/dev/null
   $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['metrics'])" "$2/summary.json"
 }
@@ -48,7 +52,11 @@ for s in $SEEDS; do
   out=runs/dpo_acc/${TAG}_s$s
   [ -f $out/hf/model.safetensors ] || $PY -m jaxrl.cli dpo --config configs/dpo_tiny.yaml \
     "model={\"hf_dir\": \"$SFT/hf\"}" "data.train=[\"runs/dpo_pairs_s$s/train.jsonl\"]" \
-    "data.heldout=[\"runs/dpo_pairs_s$s/heldout.jsonl\"]" data.shuffle_seed=$s optim.lr=$LR loss.beta=$BETA \
-    steps=$STEPS eval.every=50 checkpoint.every=0 export_hf=true out_dir=$out
+    "data.heldout=[\"runs/dpo_pairs_s$s/heldout.jsonl\"]" data.shuffle_seed=$s loss.name=$LOSS loss.nll_coef=$NLL optim.lr=$LR loss.beta=$BETA \
+    steps=$STEPS eval.every=50 checkpoint.every=0 export_hf=true out_dir=$out 2>&1 | tee $out.log
+  val=runs/dpo_pairs_s$s/samples_heldout/prompts.jsonl  # validation: this seed's 384 held-out pair questions
+  echo "seed $s validation: SFT start $(accuracy $SFT/hf runs/dpo_acc/sft_val_s$s $val)" \
+    "DPO $TAG $(accuracy $out/hf $out/val $val)"
+  grep -E "^dpo $STEPS/" $out.log || true
   echo "seed $s DPO $TAG: $(accuracy $out/hf $out/acc)"
 done
