@@ -13,7 +13,9 @@
 # Validation (how LR, BETA, STEPS, NLL were chosen on seed 0 without looking at the accuracy set): greedy exact
 # match on the seed's 384 held-out pair questions (disjoint from the accuracy set and from the train pairs).
 # The defaults are the chosen setting (RPO: DPO + 5 x the chosen answer's per-token NLL); plain DPO's row:
-# NLL=0 STEPS=100. Run from the repository root; PYTHON picks the interpreter, SEEDS the seeds.
+# NLL=0 STEPS=100. CONTROL=1 also runs, per seed, SFT on the train pairs' chosen answers alone (no preference
+# term: rejection-sampling fine-tuning, ~16 answers a step like DPO's 16 pairs, lr 3e-5, 250 steps) and scores it
+# the same way. Run from the repository root; PYTHON picks the interpreter, SEEDS the seeds.
 set -euo pipefail
 PY=${PYTHON:-python}
 SEEDS=${SEEDS:-"0 1 2"}
@@ -61,4 +63,14 @@ for s in $SEEDS; do
     "DPO $TAG $(accuracy $out/hf $out/val $val)"
   grep -E "^dpo $STEPS/" $out.log || true
   echo "seed $s DPO $TAG: $(accuracy $out/hf $out/acc)"
+  [ "${CONTROL:-0}" = 1 ] || continue
+  ctl=runs/dpo_acc/sftchosen_lr3.0e-5_n250_s$s
+  $PY -c "import json, sys; [print(json.dumps({'prompt': r['prompt'], 'completion': r['chosen']}))
+          for r in map(json.loads, open(sys.argv[1]))]" runs/dpo_pairs_s$s/train.jsonl > runs/dpo_pairs_s$s/chosen.jsonl
+  [ -f $ctl/hf/model.safetensors ] || $PY -m jaxrl.cli sft --config configs/sft_tiny.yaml \
+    "model={\"hf_dir\": \"$SFT/hf\"}" "data.train=[\"runs/dpo_pairs_s$s/chosen.jsonl\"]" \
+    "data.heldout=[\"runs/dpo_pairs_s$s/chosen.jsonl\"]" packing.global_rows=2 optim.lr=3.0e-5 optim.warmup_steps=5 \
+    steps=250 eval.every=0 eval.exact_match=0 checkpoint.every=0 out_dir=$ctl > $ctl.log 2>&1
+  echo "seed $s validation: SFT on chosen $(accuracy $ctl/hf $ctl/val $val)"
+  echo "seed $s SFT on chosen: $(accuracy $ctl/hf $ctl/acc)"
 done
