@@ -10,7 +10,9 @@ on-policy pairs instead: ``jaxrl eval`` draws ``--k`` samples (T = 1) of each of
 questions and ``--heldout-pool`` held-out ones, scored by ``jaxrl.rl:arithmetic_reward``, and
 ``jaxrl.pref.sampled_pairs`` pairs a correct sample with a wrong one of the same question (up to
 ``--per-prompt`` per train question; one per held-out question, the first ``--n-heldout``). Held-out
-questions are never train questions (the built-in task's hashed split).
+questions are never train questions (the built-in task's hashed split). ``--exclude FILE`` (JSONL records
+with a ``prompt``) keeps those questions out of both splits' draws, so that an accuracy set such as
+scripts/dpo_learning.sh's never holds a pair's question.
 """
 
 from __future__ import annotations
@@ -38,13 +40,24 @@ def _sample(model: str, problems: list[dict], out: Path, args: argparse.Namespac
     return [json.loads(line) for line in f if line.strip()]
 
 
+def _excluded(path: Path | None) -> set[str]:
+  """The ``prompt`` of every record of ``path`` (none without one)."""
+  if path is None:
+    return set()
+  with open(path, encoding="utf-8") as f:
+    return {json.loads(line)["prompt"] for line in f if line.strip()}
+
+
 def sampled(a: argparse.Namespace) -> tuple[Path, Path]:
   """Writes the on-policy pairs of ``--sample-from`` (module docstring)."""
   task = data_lib.ArithmeticConfig.level(a.difficulty)
+  excluded = _excluded(a.exclude)
   out = {}
   for split, n, per_prompt in (("train", a.n_train, a.per_prompt), ("heldout", a.heldout_pool, 1)):
-    problems = data_lib.generate_arithmetic(n, seed=a.seed, split=split, config=task, format="prompt_completion",
-                                            unique=True)
+    # The first n questions of the seed's draw that are not excluded (without --exclude: the draw of n).
+    drawn = data_lib.generate_arithmetic(n + len(excluded), seed=a.seed, split=split, config=task,
+                                         format="prompt_completion", unique=True)
+    problems = [p for p in drawn if p["prompt"] not in excluded][:n]
     records = _sample(a.sample_from, problems, a.out_dir / f"samples_{split}", a)
     out[split] = pref.sampled_pairs(problems, records, seed=a.seed, per_prompt=per_prompt)
     print(f"{split}: {len(out[split])} pairs from {len(problems)} questions x {a.k} samples")
@@ -70,6 +83,8 @@ def main() -> None:
   s.add_argument("--per-prompt", type=int, default=2, help="most pairs per train question")
   s.add_argument("--heldout-pool", type=int, default=384, help="held-out questions sampled")
   s.add_argument("--max-new-tokens", type=int, default=32)
+  s.add_argument("--exclude", type=Path, default=None, metavar="JSONL",
+                 help="records whose prompt no pair's question may be (e.g. an accuracy eval set)")
   a = ap.parse_args()
   if a.sample_from:
     paths = sampled(a)

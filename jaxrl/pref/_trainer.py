@@ -69,6 +69,10 @@ class PrefLoss(train.ChunkedLoss):
   "kto: λ_D, the weight of desirable completions' losses."
   undesirable_weight: float = 1.0
   "kto: λ_U, the weight of undesirable completions' losses."
+  nll_coef: float = 0.0
+  ("RPO's α (Pang et al. 2024, iterative reasoning preference optimisation): adds α times the chosen "
+   "completion's per-token NLL, -log π(y_w) / |y_w|, to each pair's loss, so that DPO does not lower the "
+   "likelihood of the answers it prefers; losses with a reference (sigmoid, robust, ipo, hinge) only.")
 
   def __post_init__(self):
     if self.name not in (BRADLEY_TERRY, KTO) and self.name not in losses.PREFERENCE_LOSSES:
@@ -88,6 +92,11 @@ class PrefLoss(train.ChunkedLoss):
       raise ValueError(f"loss.center_coef applies to loss.name: bradley_terry only, not {self.name!r}")
     if self.center_coef < 0:
       raise ValueError(f"loss.center_coef must be >= 0, got {self.center_coef}")
+    if self.nll_coef < 0:
+      raise ValueError(f"loss.nll_coef must be >= 0, got {self.nll_coef}")
+    if self.nll_coef and (self.reward_model or self.name in (KTO, "simpo", "orpo")):
+      raise ValueError(f"loss.nll_coef applies to DPO-family losses with a reference, not {self.name!r} "
+                       "(orpo has its own NLL term)")
     check_pooling(self.pooling, "loss.pooling")
     if self.pooling != "last" and not self.reward_model:
       raise ValueError(f"loss.pooling applies to loss.name: bradley_terry only, not {self.name!r}")
@@ -225,6 +234,8 @@ def pref_loss_fn(graphdef, loss_cfg: PrefLoss, reference: str):
     per_pair, m = losses.preference_loss(loss_cfg.name, chosen, rejected, *ref, beta=loss_cfg.beta,
                                          label_smoothing=loss_cfg.label_smoothing, gamma=loss_cfg.gamma,
                                          **lengths)  # [P]
+    if loss_cfg.nll_coef:  # RPO: α·(-log π(y_w) / |y_w|) per pair
+      per_pair = per_pair - loss_cfg.nll_coef * chosen / jnp.maximum(batch["chosen_lengths"], 1.0)
     return jnp.sum(batch["pair_weight"] * per_pair), _metric_sums(batch["pair_valid"], per_pair, m)
   return loss_fn
 

@@ -70,6 +70,31 @@ def test_packing_two_ways_gives_the_same_loss_and_gradients(tokenizer):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
 
 
+def test_nll_coef_adds_the_chosen_per_token_nll(tokenizer):
+  """RPO: loss.nll_coef = α adds α·Σ_pairs w·(-log π(y_w) / |y_w|) to the DPO loss (w the pair weight)."""
+  model = models.ModelSource(**TINY).build()
+  graphdef, params = nnx.split(model)
+  arrays = pref.pair_batch(_pairs(tokenizer, 8), micro_batches=1, rows=8, seq_len=128, method="best_fit")
+  ref = np.random.default_rng(1).normal(-40.0, 3.0, size=(8, 2)).astype(np.float32)
+  arrays["ref_chosen"], arrays["ref_rejected"] = ref[:, 0], ref[:, 1]
+  batch = pref.pref_prepare({k: jnp.asarray(v) for k, v in arrays.items()})
+  dpo, rpo = (pref.pref_loss_fn(graphdef, pref.PrefLoss(name="sigmoid", beta=0.1, chunk_size=32, nll_coef=a),
+                                "batch")(params, batch)[0] for a in (0.0, 0.5))
+  chosen, _ = pref.pair_logps(nnx.merge(graphdef, params), batch, 32)
+  nll = -np.asarray(chosen) / np.asarray(arrays["chosen_lengths"])
+  assert (nll > 0).all()
+  expected = 0.5 * float(np.sum(np.asarray(batch["pair_weight"]) * nll))
+  np.testing.assert_allclose(float(rpo) - float(dpo), expected, rtol=1e-5)
+
+
+def test_nll_coef_is_refused_where_it_does_not_apply():
+  for name in ("bradley_terry", "kto", "orpo"):
+    with pytest.raises(ValueError, match="nll_coef"):
+      pref.PrefLoss(name=name, nll_coef=0.1)
+  with pytest.raises(ValueError, match="nll_coef"):
+    pref.PrefLoss(name="sigmoid", nll_coef=-1.0)
+
+
 def test_micro_batches_give_the_same_losses(tmp_path):
   """One global batch of 16 pairs, or two micro-batches of 8 (each packed into its own 8 rows): same losses,
   step 2 included (after one update)."""
