@@ -62,6 +62,12 @@ from jaxrl.sharding import LogicalRules, allgather_scalar, to_host
 # The sampler
 
 
+def _own_arrays(params, source) -> list[jax.Array]:
+  """The arrays of ``params`` that are not ``source``'s own (the copies the sampler made)."""
+  given = {id(x) for x in jax.tree.leaves(nnx.state(source))}
+  return [x for x in jax.tree.leaves(params) if isinstance(x, jax.Array) and id(x) not in given]
+
+
 class Sampler:
   """Batched, jitted sampling from a :class:`jaxrl.models.Transformer` with a KV cache.
 
@@ -127,6 +133,7 @@ class Sampler:
     self.unstack_layers = bool(unstack_layers)
     self.source_graphdef = nnx.graphdef(model)
     self.graphdef, self.params = nnx.split(self._placed(model))
+    self._owned = _own_arrays(self.params, model)
     # What set_weights checks new weights against and places them with (kept when the weights are released).
     self._param_shapes = [(x.shape, x.dtype) for x in jax.tree.leaves(self.params)]
     self._param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
@@ -166,20 +173,29 @@ class Sampler:
     copy is the size of the model's layers."""
     if nnx.graphdef(model) != self.source_graphdef:
       raise ValueError("set_weights: the new model's structure differs from the sampler's model")
-    self.params = None
+    self.release_weights()
     params = nnx.state(self._placed(model))
     shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
     if shapes(params) != self._param_shapes:
       raise ValueError("set_weights: the new model's parameter shapes or dtypes differ from the sampler's")
     # Same placement as the first weights, so the compiled programs are reused.
     self.params = jax.device_put(params, self._param_shardings)
+    self._owned = _own_arrays(self.params, model)
     self.version = self.version + 1 if version is None else int(version)
 
   def release_weights(self) -> None:
     """Drops the sampler's reference to its weights until the next :meth:`set_weights` (which every
     later :meth:`generate` or :meth:`resume` then needs). A trainer calls it before its update: the
     sampler's copy (unstacked on CPU, cast when the master weights are wider) is stale from then on,
-    and freeing it leaves that memory to the train step's gradients and temporaries."""
+    and freeing it leaves that memory to the train step's gradients and temporaries.
+
+    The arrays the sampler made itself (cast or unstacked copies, not the caller's) are deleted here, not
+    left to the garbage collector: the intermediate modules they were built through can sit in reference
+    cycles and would keep them alive into the update."""
+    for x in self._owned:
+      if not x.is_deleted():
+        x.delete()
+    self._owned = []
     self.params = None
 
   def _weights(self):

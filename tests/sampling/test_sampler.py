@@ -130,8 +130,13 @@ def test_released_weights_are_refused_until_set_weights_and_the_copy_shares_the_
   assert sampler.params["embed"].get_value() is model.embed.get_value()  # shared, not copied
   prompt = qwen3_reference["prompt"]
   before = sampler.generate(prompt, max_new_tokens=NEW, temperature=0.0)
+  source = jax.tree.leaves(nnx.state(model))
+  copies = [x for x in jax.tree.leaves(sampler.params) if not any(x is y for y in source)]
+  assert len(copies) == model.cfg.num_layers * len(jax.tree.leaves(nnx.state(model.layers)))
   sampler.release_weights()
   assert sampler.params is None
+  assert all(x.is_deleted() for x in copies)  # the per-layer copies are freed at once, not by the GC
+  assert not any(x.is_deleted() for x in source)  # the caller's arrays are not touched
   with pytest.raises(RuntimeError, match="release_weights"):
     sampler.generate(prompt, max_new_tokens=NEW, temperature=0.0)
   sampler.set_weights(model, version=2)
