@@ -173,7 +173,7 @@ class Sampler:
     copy is the size of the model's layers."""
     if nnx.graphdef(model) != self.source_graphdef:
       raise ValueError("set_weights: the new model's structure differs from the sampler's model")
-    self.release_weights()
+    self._release(keep={id(x) for x in jax.tree.leaves(nnx.state(model))})  # not the arrays it is given
     params = nnx.state(self._placed(model))
     shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
     if shapes(params) != self._param_shapes:
@@ -192,8 +192,11 @@ class Sampler:
     The arrays the sampler made itself (cast or unstacked copies, not the caller's) are deleted here, not
     left to the garbage collector: the intermediate modules they were built through can sit in reference
     cycles and would keep them alive into the update."""
+    self._release(keep=set())
+
+  def _release(self, *, keep: set[int]) -> None:
     for x in self._owned:
-      if not x.is_deleted():
+      if id(x) not in keep and not x.is_deleted():
         x.delete()
     self._owned = []
     self.params = None

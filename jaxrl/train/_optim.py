@@ -110,7 +110,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
 
   Why: optax's per-element ``select(norm < max_norm, g, g / norm · max_norm)`` is a fusion XLA does not
   duplicate into Adam's two consumers (``mu`` and ``nu``), so the clipped gradients were written out as a
-  second parameter-sized tree beside the gradients (2 GB of temporaries at 0.5B in float32); a multiply
+  second gradient tree beside the gradients (0.87 GB of the train step's temporaries at 0.5B in float32); a multiply
   by a scalar fuses into both. The clipped values may differ from optax's by one rounding (``g · (m / n)``
   against ``(g / n) · m``).
   """
