@@ -244,7 +244,7 @@ class JaxrlWorker:
       jax.block_until_ready(fn(logits, keys, t))
       out[f"sample_call_ms_{name}"] = 1e3 * _median_time(lambda: jax.block_until_ready(fn(logits, keys, t)), 30)
     prompts = [p.tolist() for p in self.trainer.train_prompts.ids[:PROMPTS]]
-    sampler = self.trainer.sampler
+    sampler = self.trainer._sampler_for(self.step_index)  # the bench's sampler, given the current weights
     for name, temp in (("greedy", 0.0), ("t1", 1.0)):
       gen = lambda n_new: sampler.generate(prompts, n=SAMPLES, max_new_tokens=n_new, temperature=temp, seed=1)
       gen(1), gen(NEW_TOKENS)  # compile both lengths' buckets

@@ -396,6 +396,11 @@ class RLTrainer:
   def update(self, rollout: Rollout, step: int) -> dict[str, float]:
     """``ppo_epochs`` × mini-batches of updates on ``rollout``; returns the step's train metrics."""
     cfg, algo = self.cfg, self.cfg.algorithm
+    if isinstance(self.sampler, sampling.Sampler):
+      # Its weights are stale from here on and :meth:`_sampler_for` gives it new ones: freed now, the
+      # sampler's own copy (on CPU the unstacked block weights, a model's worth of layers) is not live
+      # next to the update's gradients and temporaries.
+      self.sampler.release_weights()
     dense, prm_metrics = self.process_rewards(rollout) if self.prm is not None else (None, {})
     packed, metrics = self.pack(rollout, step, process_rewards=dense)
     metrics.update(prm_metrics)

@@ -62,6 +62,12 @@ from jaxrl.sharding import LogicalRules, allgather_scalar, to_host
 # The sampler
 
 
+def _own_arrays(params, source) -> list[jax.Array]:
+  """The arrays of ``params`` that are not ``source``'s own (the copies the sampler made)."""
+  given = {id(x) for x in jax.tree.leaves(nnx.state(source))}
+  return [x for x in jax.tree.leaves(params) if isinstance(x, jax.Array) and id(x) not in given]
+
+
 class Sampler:
   """Batched, jitted sampling from a :class:`jaxrl.models.Transformer` with a KV cache.
 
@@ -127,6 +133,10 @@ class Sampler:
     self.unstack_layers = bool(unstack_layers)
     self.source_graphdef = nnx.graphdef(model)
     self.graphdef, self.params = nnx.split(self._placed(model))
+    self._owned = _own_arrays(self.params, model)
+    # What set_weights checks new weights against and places them with (kept when the weights are released).
+    self._param_shapes = [(x.shape, x.dtype) for x in jax.tree.leaves(self.params)]
+    self._param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
     self.version = int(version)
     self._dp = models.cache_axes(self.cfg, mesh, self.rules).shards
     self._programs = sampler_programs(self.graphdef, nnx.merge(self.graphdef, self.params).cfg, mesh, self.rules,
@@ -156,16 +166,45 @@ class Sampler:
     return sum(self.compile_counts.values())
 
   def set_weights(self, model, *, version: int | None = None) -> None:
-    """Uses ``model``'s parameters from now on (same architecture); ``version`` defaults to +1."""
+    """Uses ``model``'s parameters from now on (same architecture); ``version`` defaults to +1.
+
+    The sampler's previous copy is dropped before the new one is made (placed, cast or unstacked), so
+    the two never coexist: on CPU, where the sampler holds an unstacked copy of the block weights, that
+    copy is the size of the model's layers."""
     if nnx.graphdef(model) != self.source_graphdef:
       raise ValueError("set_weights: the new model's structure differs from the sampler's model")
+    self._release(keep={id(x) for x in jax.tree.leaves(nnx.state(model))})  # not the arrays it is given
     params = nnx.state(self._placed(model))
     shapes = lambda tree: [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
-    if shapes(params) != shapes(self.params):
+    if shapes(params) != self._param_shapes:
       raise ValueError("set_weights: the new model's parameter shapes or dtypes differ from the sampler's")
-    # Same placement as the current weights, so the compiled programs are reused.
-    self.params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, self.params))
+    # Same placement as the first weights, so the compiled programs are reused.
+    self.params = jax.device_put(params, self._param_shardings)
+    self._owned = _own_arrays(self.params, model)
     self.version = self.version + 1 if version is None else int(version)
+
+  def release_weights(self) -> None:
+    """Drops the sampler's reference to its weights until the next :meth:`set_weights` (which every
+    later :meth:`generate` or :meth:`resume` then needs). A trainer calls it before its update: the
+    sampler's copy (unstacked on CPU, cast when the master weights are wider) is stale from then on,
+    and freeing it leaves that memory to the train step's gradients and temporaries.
+
+    The arrays the sampler made itself (cast or unstacked copies, not the caller's) are deleted here, not
+    left to the garbage collector: the intermediate modules they were built through can sit in reference
+    cycles and would keep them alive into the update."""
+    self._release(keep=set())
+
+  def _release(self, *, keep: set[int]) -> None:
+    for x in self._owned:
+      if id(x) not in keep and not x.is_deleted():
+        x.delete()
+    self._owned = []
+    self.params = None
+
+  def _weights(self):
+    if self.params is None:
+      raise RuntimeError("Sampler: its weights were released (release_weights); call set_weights first")
+    return self.params
 
   def generate(self, prompts, *, n: int = 1, max_new_tokens: int = 64, temperature=1.0, top_p=1.0, top_k=0,
                min_p=0.0, seed: int = 0, request_ids: Sequence[int] | None = None,
@@ -291,10 +330,10 @@ class Sampler:
     inputs, latent_kw = self._prefill_inputs(ids, args, n=n, row_max_new=row_max_new, latent=latent)
     self._vision_inputs(ids, images, inputs, n=n)
     budget = jnp.int32(g_bucket if max_steps is None else max_steps)
-    rows = self._programs.prefill(self.params, jnp.uint32(seed % 2**32), **inputs, gen_len=g_bucket, k_top=k_top,
+    rows = self._programs.prefill(self._weights(), jnp.uint32(seed % 2**32), **inputs, gen_len=g_bucket, k_top=k_top,
                                   want_entropy=want_entropy, **latent_kw)
     vision = None if inputs.get("images") is None else (inputs["prompt"], inputs["images"])
-    rows = self._programs.decode(self.params, rows, stops, budget, jnp.int32(self.version))
+    rows = self._programs.decode(self._weights(), rows, stops, budget, jnp.int32(self.version))
     state = SamplerState(rows=rows, stops=stops, num_rows=count * n, max_new_tokens=max_new_tokens,
                          prompt_index=np.repeat(np.arange(count, dtype=np.int32), n), stop_strings=stop_strings,
                          latent=latent, vision=vision)
@@ -373,7 +412,7 @@ class Sampler:
     g_bucket = length_bucket(max_new_tokens, minimum=self.min_bucket)
     max_len = min(self.max_len, p_bucket + g_bucket)
     block = min(16, next_pow2(max_len))
-    engine = Engine(nnx.merge(self.graphdef, self.params), self.tokenizer, mesh=self.mesh, rules=self.rules,
+    engine = Engine(nnx.merge(self.graphdef, self._weights()), self.tokenizer, mesh=self.mesh, rules=self.rules,
                     num_slots=rows, max_len=max_len, block_size=block,
                     num_blocks=rows * (blocks_for(max_len, block) + 1), steps_per_call=g_bucket,
                     prefill_rows=min(next_pow2(total), 64), eos_token_ids=self.eos_token_ids,
@@ -418,8 +457,8 @@ class Sampler:
     state.consumed = True
     rows = state.rows
     if new_model is not None:
-      rows = self._programs.recompute(self.params, rows, state.vision)
-    rows = self._programs.decode(self.params, rows, state.stops, budget, jnp.int32(self.version))
+      rows = self._programs.recompute(self._weights(), rows, state.vision)
+    rows = self._programs.decode(self._weights(), rows, state.stops, budget, jnp.int32(self.version))
     new = dataclasses.replace(state, rows=rows, consumed=False)
     return self._finish(new, return_state=return_state)
 

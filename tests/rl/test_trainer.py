@@ -16,7 +16,14 @@ def _run(cfg, **kw):
   trainer = rl.RLTrainer(cfg)
   seen = []
   update = trainer.update
-  trainer.update = lambda ro, step: (seen.append((step, ro)), update(ro, step))[1]
+  trainer.released_in_update = []  # whether the sampler held no weights right after each update
+
+  def spy(ro, step):
+    seen.append((step, ro))
+    out = update(ro, step)
+    trainer.released_in_update.append(trainer.sampler.params is None)
+    return out
+  trainer.update = spy
   try:
     out = trainer.run(**kw)
   finally:
@@ -59,6 +66,14 @@ def test_recompute_vs_sampler_gap_is_logged_every_step(recompute_run, tmp_path):
     assert h["kl"] >= 0.0
   logged = (trainer.out_dir / "metrics.jsonl").read_text()
   assert logged.count("logprob_diff/max_abs") == len(trainer.history)
+
+
+def test_the_sampler_holds_no_weights_during_updates(recompute_run):
+  """Its stale copy is released before the train step (issue 34: not live beside the gradients) and the next
+  step's rollout gives it the new weights."""
+  trainer, _, seen = recompute_run
+  assert isinstance(trainer.sampler, __import__("jaxrl").sampling.Sampler)
+  assert len(seen) == 2 and trainer.released_in_update == [True, True]
 
 
 def test_dynamic_sampling_never_emits_a_zero_variance_group(recompute_run):

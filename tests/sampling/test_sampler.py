@@ -119,6 +119,35 @@ def test_resume_with_new_weights_records_versions_and_recomputes_cache(fixture_m
   assert np.abs(lp_new[:, 5:] - lp_old[:, 5:]).max() > 1e-2  # the weights really changed
 
 
+def test_released_weights_are_refused_until_set_weights_and_the_copy_shares_the_embedding(
+    fixture_models, qwen3_reference):
+  """The memory contract (issue 34): the unstacked sampling copy shares the source's non-layer arrays (the
+  embedding is not copied), release_weights drops the copy (generate then refuses) and set_weights gives
+  the sampler the same tokens as before."""
+  model = fixture_models["qwen3"]
+  assert model.cfg.scan_layers
+  sampler = sampling.Sampler(model, None, max_len=64, eos_token_ids=[], unstack_layers=True)
+  assert sampler.params["embed"].get_value() is model.embed.get_value()  # shared, not copied
+  prompt = qwen3_reference["prompt"]
+  before = sampler.generate(prompt, max_new_tokens=NEW, temperature=0.0)
+  source = jax.tree.leaves(nnx.state(model))
+  copies = [x for x in jax.tree.leaves(sampler.params) if not any(x is y for y in source)]
+  assert len(copies) == model.cfg.num_layers * len(jax.tree.leaves(nnx.state(model.layers)))
+  sampler.release_weights()
+  assert sampler.params is None
+  assert all(x.is_deleted() for x in copies)  # the per-layer copies are freed at once, not by the GC
+  assert not any(x.is_deleted() for x in source)  # the caller's arrays are not touched
+  with pytest.raises(RuntimeError, match="release_weights"):
+    sampler.generate(prompt, max_new_tokens=NEW, temperature=0.0)
+  sampler.set_weights(model, version=2)
+  after = sampler.generate(prompt, max_new_tokens=NEW, temperature=0.0)
+  np.testing.assert_array_equal(after.tokens, before.tokens)
+  np.testing.assert_array_equal(after.tokens, qwen3_reference["tokens"])
+  np.testing.assert_array_equal(after.versions[after.versions >= 0], 2)
+  with pytest.raises(ValueError, match="structure differs"):
+    sampler.set_weights(sampling.unstack_layers(model))
+
+
 def test_fork_continues_k_samples_from_shared_prefix(qwen3_sampler, qwen3_reference, fixture_models):
   prompt = qwen3_reference["prompt"]
   part = qwen3_sampler.generate(prompt, max_new_tokens=NEW, temperature=1.0, seed=6, max_steps=5)

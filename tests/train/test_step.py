@@ -137,3 +137,21 @@ def test_micro_batch_rows_follow_the_batch_rule(batch_rule, want):
   micro = jax.jit(lambda b: train.split_micro_batches(b, 2, mesh=mesh, rules=rules))(x)
   assert micro.sharding.is_equivalent_to(NamedSharding(mesh, want), 3), micro.sharding
   np.testing.assert_array_equal(micro[1], np.asarray(x)[1::2])
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_by_global_norm_matches_optax(max_norm):
+  """jaxrl's clip (one scalar factor, fused into Adam's moments: no second gradient tree in the step's
+  temporaries) gives optax's clipped values up to one rounding and the same (empty) state."""
+  from jaxrl.train._optim import clip_by_global_norm
+  rng = np.random.default_rng(0)
+  g = {"a": jnp.asarray(rng.normal(size=(7, 5)), jnp.float32), "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+  ours, theirs = clip_by_global_norm(max_norm), optax.clip_by_global_norm(max_norm)
+  assert jax.tree.structure(ours.init(g)) == jax.tree.structure(theirs.init(g))
+  got, _ = jax.jit(ours.update)(g, ours.init(g))
+  want, _ = theirs.update(g, theirs.init(g))
+  for k in g:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=0)
+  if max_norm > 10:  # under the threshold the gradients pass unchanged
+    for k in g:
+      np.testing.assert_array_equal(got[k], g[k])
