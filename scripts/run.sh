@@ -14,14 +14,16 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   quickstart) exec .venv/bin/jaxrl quickstart "$@" ;;
-  # Three pytest calls, so no worker process lives through the whole suite (tests/conftest.py also drops
-  # compiled programs before a worker nears Linux's memory-map limit: docs/reliability.md). The second call
-  # takes every directory the first does not name, so a new test directory is never left out.
+  # Four pytest calls, so no worker process lives through the whole suite (tests/conftest.py also drops
+  # compiled programs before a worker nears Linux's memory-map limit: docs/reliability.md). The third call
+  # takes every directory the others do not name, so a new test directory is never left out.
   test) if [ "$#" -gt 0 ]; then exec .venv/bin/python -m pytest -q -n 2 --durations=25 "$@"; fi
         first="tests/bench tests/data tests/envs tests/eval tests/kernels tests/latent tests/losses tests/models
                tests/multihost tests/plan"
         .venv/bin/python -m pytest -q -n 2 --durations=15 $first &&
-          .venv/bin/python -m pytest -q -n 2 --durations=15 --ignore=tests/serve $(printf -- '--ignore=%s ' $first) tests &&
+          .venv/bin/python -m pytest -q -n 2 --durations=15 tests/rl tests/sampling &&
+          .venv/bin/python -m pytest -q -n 2 --durations=15 --ignore=tests/serve --ignore=tests/rl --ignore=tests/sampling \
+            $(printf -- '--ignore=%s ' $first) tests &&
           exec .venv/bin/python -m pytest -q -n 2 --durations=10 tests/serve ;;
   *) echo "usage: bash scripts/run.sh quickstart|test [args...]" >&2; exit 2 ;;
 esac
