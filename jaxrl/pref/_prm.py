@@ -154,6 +154,7 @@ class ImplicitPRM:
     Hugging Face directories; refuses tokenizers that differ. ``kwargs``: ``rows``, ``seq_len``, ``chunk_size``."""
     tok, ref_tok = models.load_tokenizer(policy), models.load_tokenizer(reference)
     check_same_tokenizer(tok, ref_tok, a=f"the policy {policy}", b=f"the reference {reference}", key=key)
+    mesh = mesh if mesh is not None else sharding.MeshConfig().build()  # loaded onto the (global) mesh directly
     load = lambda path: models.load_pretrained(path, mesh=mesh, rules=rules)
     return cls(load(policy), load(reference), tok, beta=beta, mesh=mesh, rules=rules, key=key, **kwargs)
 

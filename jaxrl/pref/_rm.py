@@ -170,7 +170,8 @@ class RewardModel:
   def load(cls, path: str | Path, *, tokenizer=None, mesh=None, rules=None, **kwargs) -> RewardModel:
     """The exported reward model of ``path`` (its tokenizer and pooling by default); ``kwargs``: ``rows``,
     ``seq_len``."""
-    vm = load_reward_model(path, mesh=mesh, rules=rules)
+    mesh = mesh if mesh is not None else sharding.MeshConfig().build()  # loaded onto it: on several processes
+    vm = load_reward_model(path, mesh=mesh, rules=rules)  # a process-local copy could not move to a global mesh
     kwargs.setdefault("pooling", reward_pooling(path))
     return cls(vm, tokenizer or models.load_tokenizer(path), mesh=mesh, rules=rules, **kwargs)
 
