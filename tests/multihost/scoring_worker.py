@@ -34,6 +34,9 @@ SPLIT = 3  # process 0 scores 3 samples, process 1 the other 11
 ROWS, SEQ_LEN = 8, 80  # 4 rows a batch per process on two processes: 1 batch for 3 samples, 2 for 11
 
 sharding.initialize()
+# Weights sharded over every device (fsdp across both processes): each forward all-gathers them, so a process
+# that ran fewer forwards than the other would leave it waiting in a collective
+mesh = sharding.MeshConfig(shape={"fsdp": -1}).build()
 if jax.process_count() == 1:
   mine = slice(0, len(PROMPTS))
 else:
@@ -42,18 +45,18 @@ prompts, completions = PROMPTS[mine], COMPLETIONS[mine]
 root = Path(model_dir)
 out = {"process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count()}
 
-rm = pref.RewardModel.load(root / "rm", rows=ROWS, seq_len=SEQ_LEN)
+rm = pref.RewardModel.load(root / "rm", rows=ROWS, seq_len=SEQ_LEN, mesh=mesh)
 out["local_rows"] = rm._batches.local_rows
 seqs = [rm.encode(p, c) for p, c in zip(prompts, completions)]
 out["rm_batches"] = len(list(packed_batches(seqs, rows=rm._batches.local_rows, seq_len=SEQ_LEN)))  # its own
 out["rm_last"] = rm.score(prompts, completions).tolist()
-rm_mean = pref.RewardModel.load(root / "rm", rows=ROWS, seq_len=SEQ_LEN, pooling="mean")
+rm_mean = pref.RewardModel.load(root / "rm", rows=ROWS, seq_len=SEQ_LEN, pooling="mean", mesh=mesh)
 out["rm_mean"] = rm_mean.score(prompts, completions).tolist()
 # None on process 0, all on process 1: process 0 runs only padding batches
 first = jax.process_index() == 0 and jax.process_count() > 1
 out["rm_none_or_all"] = rm.score([] if first else PROMPTS, [] if first else COMPLETIONS).tolist()
 
-prm = pref.ImplicitPRM.load(root / "policy", root / "reference", beta=0.3, rows=ROWS, seq_len=SEQ_LEN)
+prm = pref.ImplicitPRM.load(root / "policy", root / "reference", beta=0.3, rows=ROWS, seq_len=SEQ_LEN, mesh=mesh)
 out["prm_tokens"] = [q.tolist() for q in prm.token_rewards(prompts, completions)]
 out["prm_steps"] = [r.tolist() for r in prm.step_rewards(prompts, completions)]
 

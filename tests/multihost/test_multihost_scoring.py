@@ -21,7 +21,7 @@ from jaxrl import models, pref
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("scoring_worker.py")
-TIMEOUT = 600  # a hang (a process left in a collective) fails here
+TIMEOUT = 300  # a hang (a process left in a collective) fails here
 TINY = {"preset": "tiny", "overrides": {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
                                         "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
                                         "dtype": "float32", "param_dtype": "float32"}}
