@@ -1,9 +1,11 @@
 """The reward model and the implicit PRM on two local processes × 4 CPU devices: each process scores its own
 samples (3 on one, 11 on the other, so one process runs padding batches while the other still has samples),
-and gets exactly the scores one process × 8 devices gives for the same samples of the same saved models."""
+and gets exactly the scores one process × 8 devices gives for the same samples of the same saved models; and
+``jaxrl rl`` rewarded by both trains on two processes as on one."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from multihost_testlib import ROOT, free_port, wait_json, worker_env
+from safetensors.numpy import load_file
 
 from jaxrl import data as data_lib
 from jaxrl import models, pref
@@ -89,3 +92,55 @@ def test_two_processes_with_different_sample_counts_score_like_one(model_dir):
   assert "process(es) [1] could not encode" in pair[0]["error"], pair[0]["error"]
   assert single["refused"] is None
   assert all("contiguous block of 8/2 rows" in r["refused"] for r in pair), pair[0]["refused"]
+
+
+TRAINER = Path(__file__).with_name("trainer_worker.py")
+RL = ["steps=2", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8", "data.builtin.n_train=8",
+      "data.builtin.n_heldout=8", "micro_batch.token_budget=384", "micro_batch.row_len=48",
+      "eval.every=2", "eval.prompts=5", "export_hf=true", "tensorboard=false", "checkpoint.every=0",
+      "rollout.reward_overlap_chunks=2"]
+"""configs/grpo_tiny.yaml shortened (as tests/multihost/test_multihost_trainers.py), rewarded by the saved reward model
+plus the implicit PRM's dense reward, each rollout scored in two chunks (two reward-model calls a round), and 5
+held-out prompts (an uneven split over the processes, scored by the reward model too)."""
+
+
+def _rl(processes: int, out_dir, model_dir) -> list[dict]:
+  port, local = free_port(), 8 // processes
+  extra = [f"reward.model.path={model_dir / 'rm'}", "reward.model.rows=8", "reward.model.seq_len=128",
+           f"reward.implicit_prm.policy={model_dir / 'policy'}", f"reward.implicit_prm.reference={model_dir / 'reference'}",
+           "reward.implicit_prm.beta=0.5", "reward.implicit_prm.coef=0.7", "reward.implicit_prm.rows=8",
+           "reward.implicit_prm.seq_len=48", f"out_dir={out_dir}"]
+  procs = [subprocess.Popen([sys.executable, str(TRAINER), "rl", str(processes), str(i), str(local), str(port), "0",
+                             str(ROOT / "configs" / "grpo_tiny.yaml"), *RL, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(), cwd=ROOT)
+           for i in range(processes)]
+  return wait_json(procs, 1200)
+
+
+def _metrics(out_dir) -> dict[int, dict[str, float]]:
+  merged: dict[int, dict[str, float]] = {}
+  for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines():
+    row = json.loads(line)
+    merged.setdefault(row.pop("step"), {}).update(row)
+  return merged
+
+
+def test_rl_with_reward_model_and_implicit_prm_on_two_processes_trains_like_one(tmp_path, model_dir):
+  """``jaxrl rl`` with ``reward.model`` and ``reward.implicit_prm``: two processes × 4 devices log the metrics and
+  export the weights of one process × 8 devices."""
+  _rl(1, tmp_path / "single", model_dir)
+  pair = _rl(2, tmp_path / "pair", model_dir)
+  assert all(r["processes"] == 2 and r["rc"] == 0 for r in pair)
+  got, want = _metrics(tmp_path / "pair"), _metrics(tmp_path / "single")
+  assert got.keys() == want.keys() and "reward/prm_mean" in want[1] and "eval/reward_mean" in want[2], want
+  assert want[1]["reward/std"] > 1e-3  # the reward model's scores differ between samples
+  skip = ("time_", "tok_s/", "tok/s", "mfu", "train/micro_batches", "train/pack_efficiency", "padding")
+  for step in want:
+    keys = sorted(k for k in want[step] if not k.startswith(skip))
+    assert keys == sorted(k for k in got[step] if not k.startswith(skip)), step
+    for k in keys:
+      np.testing.assert_allclose(got[step][k], want[step][k], rtol=1e-4, atol=1e-6, err_msg=f"step {step}: {k}")
+  a, b = (load_file(str(Path(d) / "hf" / "model.safetensors")) for d in (tmp_path / "pair", tmp_path / "single"))
+  assert a.keys() == b.keys()
+  for k in b:
+    np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
