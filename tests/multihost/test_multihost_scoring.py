@@ -95,9 +95,9 @@ def test_two_processes_with_different_sample_counts_score_like_one(model_dir):
 
 
 TRAINER = Path(__file__).with_name("trainer_worker.py")
-RL = ["steps=2", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8", "data.builtin.n_train=8",
+RL = ["steps=1", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8", "data.builtin.n_train=8",
       "data.builtin.n_heldout=8", "micro_batch.token_budget=384", "micro_batch.row_len=48",
-      "eval.every=2", "eval.prompts=5", "export_hf=true", "tensorboard=false", "checkpoint.every=0",
+      "eval.every=1", "eval.prompts=5", "export_hf=true", "tensorboard=false", "checkpoint.every=0",
       "rollout.reward_overlap_chunks=2"]
 """configs/grpo_tiny.yaml shortened (as tests/multihost/test_multihost_trainers.py), rewarded by the saved reward model
 plus the implicit PRM's dense reward, each rollout scored in two chunks (two reward-model calls a round), and 5
@@ -132,7 +132,7 @@ def test_rl_with_reward_model_and_implicit_prm_on_two_processes_trains_like_one(
   pair = _rl(2, tmp_path / "pair", model_dir)
   assert all(r["processes"] == 2 and r["rc"] == 0 for r in pair)
   got, want = _metrics(tmp_path / "pair"), _metrics(tmp_path / "single")
-  assert got.keys() == want.keys() and "reward/prm_mean" in want[1] and "eval/reward_mean" in want[2], want
+  assert got.keys() == want.keys() and "reward/prm_mean" in want[1] and "eval/reward_mean" in want[1], want
   assert want[1]["reward/std"] > 1e-3  # the reward model's scores differ between samples
   skip = ("time_", "tok_s/", "tok/s", "mfu", "train/micro_batches", "train/pack_efficiency", "padding")
   for step in want:
