@@ -57,7 +57,8 @@ def model_dir(tmp_path_factory):
 
 def _run(processes: int, model_dir) -> list[dict]:
   port, local = free_port(), 8 // processes
-  procs = [subprocess.Popen([sys.executable, str(WORKER), str(processes), str(i), str(local), str(port), str(model_dir)],
+  procs = [subprocess.Popen([sys.executable, str(WORKER), str(processes), str(i), str(local), str(port),
+                             str(model_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(), cwd=ROOT)
            for i in range(processes)]
   return wait_json(procs, TIMEOUT)
@@ -107,7 +108,8 @@ held-out prompts (an uneven split over the processes, scored by the reward model
 def _rl(processes: int, out_dir, model_dir) -> list[dict]:
   port, local = free_port(), 8 // processes
   extra = [f"reward.model.path={model_dir / 'rm'}", "reward.model.rows=8", "reward.model.seq_len=128",
-           f"reward.implicit_prm.policy={model_dir / 'policy'}", f"reward.implicit_prm.reference={model_dir / 'reference'}",
+           f"reward.implicit_prm.policy={model_dir / 'policy'}",
+           f"reward.implicit_prm.reference={model_dir / 'reference'}",
            "reward.implicit_prm.beta=0.5", "reward.implicit_prm.coef=0.7", "reward.implicit_prm.rows=8",
            "reward.implicit_prm.seq_len=48", f"out_dir={out_dir}"]
   procs = [subprocess.Popen([sys.executable, str(TRAINER), "rl", str(processes), str(i), str(local), str(port), "0",
