@@ -17,12 +17,15 @@ end-of-turn token included, in the last step) for text completions, or exactly t
 
 :class:`ImplicitPRM` runs both models on a mesh: the sequences ``prompt + completion`` are packed (best fit)
 into batches of ``rows × seq_len`` tokens (:func:`jaxrl.pref.pack_sequences`, as :class:`RewardModel` does) and
-one jitted program per batch returns ``q`` of every completion token; nothing is truncated.
+one jitted program per batch returns ``q`` of every completion token; nothing is truncated. On a mesh over
+several processes each process scores its own completions in its ``rows / processes`` rows of every batch, the
+processes agreeing on the number of batches (:class:`jaxrl.pref._scoring.ProcessBatches`), so every process
+calls the scoring methods the same number of times, each with its own (any) number of completions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,8 @@ from flax import nnx
 
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding
-from jaxrl.pref._data import answer_messages, packed_batches
+from jaxrl.pref._data import answer_messages
+from jaxrl.pref._scoring import ProcessBatches
 
 
 def step_ids(tokenizer, ids: Sequence[int], delimiter: str | None = "\n") -> np.ndarray:  # [L] int32, 1..K
@@ -111,8 +115,6 @@ class ImplicitPRM:
 
   def __init__(self, policy, reference, tokenizer, *, beta: float, rows: int = 8, seq_len: int = 512, mesh=None,
                rules=None, chunk_size: int = 1024, key: str = "implicit_prm"):
-    if jax.process_count() > 1:
-      raise ValueError(f"{key}: the implicit PRM scores on one process only so far")
     if policy.cfg.vocab_size != reference.cfg.vocab_size:
       raise ValueError(f"{key}: policy and reference vocab sizes differ ({policy.cfg.vocab_size} vs "
                        f"{reference.cfg.vocab_size})")
@@ -131,6 +133,7 @@ class ImplicitPRM:
     self.params = models.cast_params(params, policy.cfg.dtype)  # frozen: compute-dtype weights only
     self.ref_params = models.cast_params(ref_params, reference.cfg.dtype)
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    self._batches = ProcessBatches(self.batch_sharding, rows=rows, seq_len=seq_len, key=key)
     graphdef = self.graphdef
 
     def logps(gd, p, batch):  # [R, T] log-probs of the targets at temperature 1
@@ -151,6 +154,7 @@ class ImplicitPRM:
     Hugging Face directories; refuses tokenizers that differ. ``kwargs``: ``rows``, ``seq_len``, ``chunk_size``."""
     tok, ref_tok = models.load_tokenizer(policy), models.load_tokenizer(reference)
     check_same_tokenizer(tok, ref_tok, a=f"the policy {policy}", b=f"the reference {reference}", key=key)
+    mesh = mesh if mesh is not None else sharding.MeshConfig().build()  # loaded onto the (global) mesh directly
     load = lambda path: models.load_pretrained(path, mesh=mesh, rules=rules)
     return cls(load(policy), load(reference), tok, beta=beta, mesh=mesh, rules=rules, key=key, **kwargs)
 
@@ -158,36 +162,48 @@ class ImplicitPRM:
 
   def score_ids(self, prompt_ids: Sequence[Any], completion_ids: Sequence[Any]) -> list[np.ndarray]:
     """``q_t`` of each completion token, ``[L_i]`` float32, for token-id prompts and completions (each prompt
-    has at least one token: it conditions the first completion token).
+    has at least one token: it conditions the first completion token). With several processes a collective
+    call (module docstring): each process passes and gets its own completions.
 
     Raises:
-      ValueError: naming the sample and ``<key>.seq_len`` when a prompt + completion does not fit a row.
+      ValueError: naming the sample and ``<key>.seq_len`` when a prompt + completion does not fit a row (on the
+        other processes: naming the process that refused).
     """
-    if len(prompt_ids) != len(completion_ids):
-      raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
-    seqs = []
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-      p, c = np.asarray(p, np.int32).reshape(-1), np.asarray(c, np.int32).reshape(-1)
-      if not len(p):
-        raise ValueError(f"sample {i}: an empty prompt; the implicit PRM scores tokens given what precedes them")
-      if len(p) + len(c) > self.seq_len:
-        raise ValueError(f"sample {i}: prompt + completion is {len(p) + len(c)} tokens, longer than "
-                         f"{self.key}.seq_len={self.seq_len}")
-      seqs.append({"tokens": np.concatenate([p, c]), "loss_mask": np.arange(len(p) + len(c)) >= len(p)})
-    out = [np.zeros(int(s["loss_mask"].sum()), np.float32) for s in seqs]
-    if not seqs:
-      return out
-    pad = self.tokenizer.pad_token_id or 0
-    for arrays in packed_batches(seqs, rows=self.rows, seq_len=self.seq_len, pad_id=pad):
+    return self._score(lambda: (prompt_ids, completion_ids))[0]
+
+  def _score(self, ids: Callable[[], tuple[Sequence[Any], Sequence[Any]]]
+             ) -> tuple[list[np.ndarray], Sequence[Any]]:
+    """``(q of each completion token, completion ids)`` of the ``(prompt ids, completion ids)`` that ``ids()``
+    gives: called inside the scorer, so that its errors (an encoding's) stop every process alike."""
+    out: list[np.ndarray] = []
+    got: list[Sequence[Any]] = []
+
+    def prepare():  # raising here raises on every process (no process is left in a collective)
+      prompt_ids, completion_ids = ids()
+      got.append(completion_ids)
+      if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
+      seqs = []
+      for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        p, c = np.asarray(p, np.int32).reshape(-1), np.asarray(c, np.int32).reshape(-1)
+        if not len(p):
+          raise ValueError(f"sample {i}: an empty prompt; the implicit PRM scores tokens given what precedes them")
+        if len(p) + len(c) > self.seq_len:
+          raise ValueError(f"sample {i}: prompt + completion is {len(p) + len(c)} tokens, longer than "
+                           f"{self.key}.seq_len={self.seq_len}")
+        seqs.append({"tokens": np.concatenate([p, c]), "loss_mask": np.arange(len(p) + len(c)) >= len(p)})
+      out.extend(np.zeros(int(s["loss_mask"].sum()), np.float32) for s in seqs)
+      return seqs
+    for arrays in self._batches.batches(prepare, pad_id=self.tokenizer.pad_token_id or 0):
       keys = ("tokens", "positions", "segment_ids", "targets", "loss_mask")
-      batch = {k: sharding.global_batch(arrays[k], self.batch_sharding) for k in keys}
-      q = np.asarray(sharding.to_host(self._forward(self.params, self.ref_params, batch)))  # [R, T]
+      batch = self._batches.put(arrays, keys)
+      q = self._batches.local(self._forward(self.params, self.ref_params, batch))  # [R / processes, T] own rows
       rr, cc = np.nonzero(arrays["loss_mask"] > 0)  # row-major: each sequence's tokens in order, in one row
       seq = arrays["seq_ids"][rr, cc] - 1
       order = np.argsort(seq, kind="stable")
       for j, vals in zip(*_split_by(seq[order], q[rr, cc][order])):
         out[j][:] = vals
-    return out
+    return out, got[0]
 
   # -- text -------------------------------------------------------------------------------------------
 
@@ -210,13 +226,12 @@ class ImplicitPRM:
 
   def token_rewards(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[np.ndarray]:
     """``q_t`` ``[L_i]`` of each completion's tokens (:meth:`encode`); prompts are strings or chat messages."""
-    return self.score_ids(*self._encode_all(prompts, completions))
+    return self._score(lambda: self._encode_all(prompts, completions))[0]
 
   def step_rewards(self, prompts: Sequence[Any], completions: Sequence[Any], *,
                    delimiter: str | None = "\n") -> list[np.ndarray]:
     """``r_k`` ``[K_i]`` of each completion's steps (:func:`step_ids` over its :meth:`encode` tokens)."""
-    p_ids, c_ids = self._encode_all(prompts, completions)
-    q = self.score_ids(p_ids, c_ids)
+    q, c_ids = self._score(lambda: self._encode_all(prompts, completions))
     return step_rewards(q, [step_ids(self.tokenizer, c, delimiter) for c in c_ids])
 
   def best_of_n(self, prompts: Sequence[Any], groups: Sequence[Sequence[Any]], *,

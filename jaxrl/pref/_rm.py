@@ -28,7 +28,8 @@ from flax import nnx
 
 from jaxrl import data as data_lib
 from jaxrl import models, sharding
-from jaxrl.pref._data import answer_messages, packed_batches
+from jaxrl.pref._data import answer_messages
+from jaxrl.pref._scoring import ProcessBatches
 
 REWARD_HEAD_FILE = "reward_head.safetensors"
 """The reward head's file in an exported reward-model directory (module docstring)."""
@@ -138,12 +139,15 @@ class RewardModel:
   through the chat template), the sequences are packed (best fit) into batches of ``rows`` rows, and each
   score is the head's output at the sequence's last token or its mean over the answer (``pooling``,
   :func:`sequence_scores`).
+
+  On a mesh over several processes each process scores its own pairs: it packs them into its
+  ``rows / processes`` rows of each batch, the processes agree on the number of batches (the ones with fewer run
+  batches of padding) and each reads back its own rows (:class:`jaxrl.pref._scoring.ProcessBatches`). Every
+  process must call :meth:`score` the same number of times, with any number of pairs (none included).
   """
 
   def __init__(self, vm: models.ValueModel, tokenizer, *, rows: int = 8, seq_len: int = 512, mesh=None,
                rules=None, pooling: str = "last"):
-    if jax.process_count() > 1:
-      raise ValueError("reward.model: the reward model scores on one process only so far")
     self.tokenizer, self.rows, self.seq_len = tokenizer, rows, seq_len
     self.pooling = check_pooling(pooling, "reward model pooling")
     self.mesh = mesh if mesh is not None else sharding.MeshConfig().build()
@@ -154,18 +158,20 @@ class RewardModel:
     models.check_tokenizer(tokenizer, vm.trunk.cfg)
     self.graphdef, self.params = nnx.split(models.place_value_model(vm, mesh=self.mesh, rules=self.rules))
     self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+    self._batches = ProcessBatches(self.batch_sharding, rows=rows, seq_len=seq_len, key="reward.model")
     graphdef = self.graphdef
 
     def forward(params, batch):  # [R, T]
       return nnx.merge(graphdef, params)(batch["tokens"], positions=batch["positions"],
                                          segment_ids=batch["segment_ids"])
-    self._forward = jax.jit(forward)
+    self._forward = jax.jit(forward, out_shardings=self.batch_sharding)
 
   @classmethod
   def load(cls, path: str | Path, *, tokenizer=None, mesh=None, rules=None, **kwargs) -> RewardModel:
     """The exported reward model of ``path`` (its tokenizer and pooling by default); ``kwargs``: ``rows``,
     ``seq_len``."""
-    vm = load_reward_model(path, mesh=mesh, rules=rules)
+    mesh = mesh if mesh is not None else sharding.MeshConfig().build()  # loaded onto it: on several processes
+    vm = load_reward_model(path, mesh=mesh, rules=rules)  # a process-local copy could not move to a global mesh
     kwargs.setdefault("pooling", reward_pooling(path))
     return cls(vm, tokenizer or models.load_tokenizer(path), mesh=mesh, rules=rules, **kwargs)
 
@@ -182,23 +188,23 @@ class RewardModel:
     return {"tokens": seq["tokens"], "loss_mask": seq["loss_mask"]}
 
   def score(self, prompts: Sequence[Any], completions: Sequence[Any]) -> np.ndarray:  # [N] float32
-    """The reward of each ``(prompt, completion)``; prompts are strings or chat-message lists."""
-    if len(prompts) != len(completions):
-      raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
-    seqs = [self.encode(p, c, f"sample {i}") for i, (p, c) in enumerate(zip(prompts, completions))]
-    out = np.zeros(len(seqs), np.float32)
-    if not seqs:
-      return out
-    pad = self.tokenizer.pad_token_id or 0
-    for arrays in packed_batches(seqs, rows=self.rows, seq_len=self.seq_len, pad_id=pad):
-      batch = {k: sharding.global_batch(arrays[k], self.batch_sharding) for k in ("tokens", "positions", "segment_ids")}
-      values = sharding.to_host(self._forward(self.params, batch))  # [R, T]
+    """The reward of each ``(prompt, completion)``; prompts are strings or chat-message lists. With several
+    processes a collective call (class docstring): each process passes and gets its own pairs."""
+    out = np.zeros(len(completions), np.float32)
+
+    def prepare():  # raising here raises on every process (no process is left in a collective)
+      if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+      return [self.encode(p, c, f"sample {i}") for i, (p, c) in enumerate(zip(prompts, completions))]
+    for arrays in self._batches.batches(prepare, pad_id=self.tokenizer.pad_token_id or 0):
+      batch = self._batches.put(arrays, ("tokens", "positions", "segment_ids"))
+      values = self._batches.local(self._forward(self.params, batch))  # [R / processes, T] this process's rows
       if self.pooling == "last":
         rr, cc = np.nonzero(np.asarray(last_token_mask(arrays["seq_ids"])))
         out[arrays["seq_ids"][rr, cc] - 1] = values[rr, cc]
         continue
       ids = np.unique(arrays["seq_ids"][arrays["seq_ids"] > 0])
-      scores = sequence_scores(jnp.asarray(values, jnp.float32), arrays["seq_ids"], len(seqs), pooling=self.pooling,
+      scores = sequence_scores(jnp.asarray(values, jnp.float32), arrays["seq_ids"], len(out), pooling=self.pooling,
                                answer_mask=arrays["loss_mask"])
       out[ids - 1] = np.asarray(scores)[ids - 1]
     return out

@@ -322,11 +322,25 @@ class RLTrainer:
   def process_rewards(self, rollout: Rollout) -> tuple[np.ndarray, dict[str, float]]:
     """``reward.implicit_prm``'s dense rewards ``[N, L]`` of ``rollout`` (before ``coef``) and their metrics
     (:func:`jaxrl.rl._prm.rollout_process_rewards`); the per-sample token and step rewards are kept in
-    :attr:`last_prm` (with ``dense``)."""
+    :attr:`last_prm` (with ``dense``). Several processes: a collective call, each scoring its own samples;
+    ``dense`` is this process's rows, the metrics are means over every process's samples."""
     dense, metrics, self.last_prm = rollout_process_rewards(self.prm, rollout,
                                                             delimiter=self.cfg.reward.implicit_prm.step_delimiter)
     self.last_prm["dense"] = dense
+    if self.procs > 1:  # per-process means → the mean over every process's samples
+      counts = sharding.allgather_scalar(rollout.num_samples).astype(np.float64)
+      metrics = {k: float((sharding.allgather_scalar(np.float64(v)) * counts).sum() / max(counts.sum(), 1.0))
+                 for k, v in metrics.items()}
     return dense, metrics
+
+  def _all_rows(self, dense: np.ndarray, width: int) -> np.ndarray:  # [N_all, width]
+    """Every process's rows of the per-token ``dense`` ``[N, L]`` (process order), ``width`` columns."""
+    if self.procs == 1:
+      return dense
+    most = int(sharding.allgather_scalar(dense.shape[1]).max())
+    padded = np.zeros((dense.shape[0], max(most, width)), dense.dtype)
+    padded[:, :dense.shape[1]] = dense
+    return sharding.allgather_rows({"d": padded})[0]["d"][:, :width]
 
   def pack(self, rollout: Rollout, step: int, *,
            process_rewards: np.ndarray | None = None) -> tuple[list[PackedBatch], dict[str, float]]:
@@ -353,11 +367,12 @@ class RLTrainer:
       adv_all, metrics = compute_advantages(everything, name=algo.advantage, options=algo.advantage_kwargs)
       if self.cfg.distill is not None:
         adv_all = adv_all * np.float32(self.cfg.distill.reward_coef)
-      if self.prm is not None:  # one process (ImplicitPRM refuses more): everything is this rollout
+      if self.prm is not None:  # process_rewards: this process's rows; the advantage needs every process's
         if process_rewards is None:
           process_rewards, prm_metrics = self.process_rewards(rollout)
           metrics.update(prm_metrics)
-        adv_all = adv_all + process_advantages(process_rewards, everything, coef=self.cfg.reward.implicit_prm.coef)
+        adv_all = adv_all + process_advantages(self._all_rows(process_rewards, everything.tokens.shape[1]),
+                                               everything, coef=self.cfg.reward.implicit_prm.coef)
     else:  # GAE needs the critic's values of the packed batches: filled in by update() (Critic.fill)
       adv_all, metrics = np.zeros_like(mask_all), {}
     mine = slice(r0, r0 + rollout.num_samples)
