@@ -7,8 +7,8 @@ export_hf=true``'s ``hf``, or ``jaxrl quickstart``'s GRPO result ``OUT/rl/hf``) 
 
   opd   ``jaxrl rl --config configs/distill_tiny.yaml`` with the teacher: ``--steps`` steps of 8 prompts × 4
         student samples, per-token advantage −(log π_student − log π_teacher)
-  sft   ``jaxrl rs`` draws 4 teacher samples for each of the same number of training prompts (every sample kept:
-        sequence-level KD), then ``jaxrl sft`` trains one pass over them
+  sft   ``jaxrl rs`` draws 4 teacher samples for each of the same number of training prompts (every sample kept,
+        duplicates included: sequence-level KD), then ``jaxrl sft`` trains one pass over them
 
 Each student (and the teacher and the warm start) is then measured the same way: greedy exact-match accuracy on
 ``--heldout`` distinct held-out-split problems (``jaxrl eval``, per problem, so two students can be compared with a
@@ -40,6 +40,7 @@ import numpy as np
 from jaxrl import cli
 from jaxrl import config as config_lib
 from jaxrl import data as data_lib
+from jaxrl import eval as eval_lib
 from jaxrl import models
 from jaxrl.rl import RLConfig
 
@@ -70,15 +71,15 @@ def warm_start(out: Path, steps: int) -> str:
   return str(out / "hf")
 
 
-def opd(out: Path, warm: str, teacher: str, seed: int, steps: int, max_new: int,
-        lr: float | None) -> tuple[str, float]:
+def opd(out: Path, warm: str, teacher: str, seed: int, steps: int, max_new: int, lr: float | None,
+        extra: list[str]) -> tuple[str, float]:
   """On-policy distillation; returns the student's HF dir and its trained (response) tokens (a finished run is
   reused)."""
   if not (out / "hf" / "config.json").exists():
     _run(["rl", "--config", str(DISTILL), *_student_model(warm), "distill.teacher.preset=null",
           f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", f"steps={steps}", f"seed={seed}",
           f"data.shuffle_seed={seed}", f"rollout.max_new_tokens={max_new}", *([f"optim.lr={lr}"] if lr else []),
-          "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET])
+          "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET, *extra])
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
   cfg = config_lib.load(RLConfig, DISTILL)
   per_step = cfg.rollout.prompts_per_step * cfg.rollout.n
@@ -98,13 +99,19 @@ def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, 
     _run(["rs", "--model", teacher, "--data", str(out / "prompts.jsonl"), "--task", "custom", "--reward",
           "jaxrl.rl:arithmetic_reward", "--threshold", "-1", "--keep-truncated", "--k", str(cfg.rollout.n),
           "--seed", str(seed), "--max-new-tokens", str(max_new), "--temperature", "1", "--out", str(out / "rs")])
+  # Every sample, duplicates included (``rs`` deduplicates its sft.jsonl; a competent teacher at T = 1 repeats
+  # itself for most prompts, which would leave this arm with far fewer tokens than opd's samples).
+  problems = [json.loads(x) for x in (out / "prompts.jsonl").read_text().splitlines()]
+  samples = sorted((json.loads(x) for x in (out / "rs" / "records.jsonl").read_text().splitlines()),
+                   key=lambda r: r["line"])
+  kept = [eval_lib.sft_record(problems[r["line"] - 1], r, i) for r in samples for i in range(len(r["responses"]))]
+  data_lib.write_jsonl(kept, out / "all_samples.jsonl")
   tok = models.load_tokenizer(teacher)
-  kept = [json.loads(x) for x in (out / "rs" / "sft.jsonl").read_text().splitlines()]
   response = sum(len(tok(r["messages"][-1]["content"])["input_ids"]) for r in kept)
   total = sum(len(tok(tok.apply_chat_template(r["messages"], tokenize=False))["input_ids"]) for r in kept)
   steps = max(1, round(total / (8 * 256 * 0.95)))  # one pass: 8 packed rows of 256 tokens a step
   if not (out / "sft" / "hf" / "config.json").exists():
-    _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{out / 'rs' / 'sft.jsonl'}]",
+    _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{out / 'all_samples.jsonl'}]",
           f"steps={steps}", "optim.warmup_steps=2", *([f"optim.lr={lr}"] if lr else []), "export_hf=true",
           "eval.every=0", "checkpoint.every=0", f"out_dir={out / 'sft'}", *QUIET])
   return str(out / "sft" / "hf"), float(response)
@@ -163,6 +170,8 @@ def main() -> None:
   p.add_argument("--warm-steps", type=int, default=150)
   p.add_argument("--max-new-tokens", type=int, default=40, help="every generation: rollouts, teacher samples, evals")
   p.add_argument("--lr", type=float, default=None, help="opd learning rate (default: distill_tiny's)")
+  p.add_argument("--opd-set", action="append", default=[], metavar="KEY=VALUE",
+                 help="a further override of the opd run (e.g. distill.mode=gkd); repeatable")
   p.add_argument("--sft-lr", type=float, default=None, help="sft arm peak learning rate (default: sft_tiny's)")
   p.add_argument("--heldout", type=int, default=400, help="held-out problems for greedy accuracy")
   p.add_argument("--kl-prompts", type=int, default=128, help="held-out prompts (the first ones) for the reverse KL")
@@ -176,7 +185,7 @@ def main() -> None:
   prompts = a.steps * config_lib.load(RLConfig, DISTILL).rollout.prompts_per_step
   for seed in a.seeds:
     d = out / f"seed{seed}"
-    o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps, max_new, a.lr)
+    o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps, max_new, a.lr, a.opd_set)
     s_dir, s_tok = sft_on_teacher(d / "sft_arm", warm, teacher, seed, prompts, max_new, a.sft_lr)
     table[f"opd/{seed}"] = dict(measure(d / "measure_opd", o_dir, teacher, **meas), tokens=o_tok)
     table[f"sft/{seed}"] = dict(measure(d / "measure_sft", s_dir, teacher, **meas), tokens=s_tok)
