@@ -92,7 +92,8 @@ def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, 
   """``prompts`` training prompts (shuffled by ``seed``) × 4 teacher samples, then one SFT pass over them."""
   cfg = config_lib.load(RLConfig, DISTILL)
   records = cfg.data.builtin.records("train")
-  order = np.random.default_rng(seed).permutation(len(records))[:prompts]
+  rng = np.random.default_rng(seed)  # as many passes over the train split as opd's ``prompts`` take
+  order = np.concatenate([rng.permutation(len(records)) for _ in range(-(-prompts // len(records)))])[:prompts]
   out.mkdir(parents=True, exist_ok=True)
   data_lib.write_jsonl([records[i] for i in order], out / "prompts.jsonl")
   if not (out / "rs" / "sft.jsonl").exists():
