@@ -190,7 +190,9 @@ def main() -> None:
     s_dir, s_tok = sft_on_teacher(d / "sft_arm", warm, teacher, seed, prompts, max_new, a.sft_lr)
     table[f"opd/{seed}"] = dict(measure(d / "measure_opd", o_dir, teacher, **meas), tokens=o_tok)
     table[f"sft/{seed}"] = dict(measure(d / "measure_sft", s_dir, teacher, **meas), tokens=s_tok)
-    table[f"opd_vs_sft/{seed}"] = sign_test(table[f"opd/{seed}"]["per_problem"], table[f"sft/{seed}"]["per_problem"])
+    for a_name, b_name in (("opd", "sft"), ("opd", "warm"), ("sft", "warm")):
+      a_row, b_row = table[f"{a_name}/{seed}"], table[b_name if b_name == "warm" else f"{b_name}/{seed}"]
+      table[f"{a_name}_vs_{b_name}/{seed}"] = sign_test(a_row["per_problem"], b_row["per_problem"])
     (out / "table.json").write_text(json.dumps(table, indent=2))
   print(json.dumps({k: {f: v for f, v in row.items() if f != "per_problem"} for k, row in table.items()}, indent=2))
 
