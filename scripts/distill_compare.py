@@ -6,7 +6,8 @@ export_hf=true``'s ``hf``, or ``jaxrl quickstart``'s GRPO result ``OUT/rl/hf``) 
 ``configs/sft_tiny.yaml`` (``--warm-steps``; or ``--warm DIR``). Per seed, from that warm start:
 
   opd   ``jaxrl rl --config configs/distill_tiny.yaml`` with the teacher: ``--steps`` steps of 8 prompts × 4
-        student samples, per-token advantage −(log π_student − log π_teacher)
+        student samples, per-token advantage −(log π_student − log π_teacher) (``--lr``; ``--opd-set
+        distill.mode=gkd``: the generalised JSD of the full next-token distributions on the student's samples)
   sft   ``jaxrl rs`` draws 4 teacher samples for each of the same number of training prompts (every sample kept,
         duplicates included: sequence-level KD), then ``jaxrl sft`` trains one pass over them
 
@@ -25,6 +26,11 @@ Student tokens: arm opd counts the response tokens the student sampled and train
 samples, every step); arm sft counts the response (assistant) tokens of the SFT set, each trained on once.
 
   python scripts/distill_compare.py --teacher runs/sft_tiny/hf --out runs/distill_compare --seeds 0 1 2
+  python scripts/distill_compare.py --teacher runs/teacher/hf --warm runs/warm600/hf --out runs/dc/final \
+    --steps 500 --lr 3e-4 --opd-set distill.mode=gkd --opd-set distill.beta=1.0 --sft-lr 1e-3   # the second run
+
+Results are written to ``OUT/table.json`` (per-problem outcomes included) and printed; a rerun reuses every
+finished stage, so an interrupted comparison resumes.
 """
 
 from __future__ import annotations
