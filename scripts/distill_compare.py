@@ -6,25 +6,39 @@ export_hf=true``'s ``hf``, or ``jaxrl quickstart``'s GRPO result ``OUT/rl/hf``) 
 ``configs/sft_tiny.yaml`` (``--warm-steps``; or ``--warm DIR``). Per seed, from that warm start:
 
   opd   ``jaxrl rl --config configs/distill_tiny.yaml`` with the teacher: ``--steps`` steps of 8 prompts × 4
-        student samples, per-token advantage −(log π_student − log π_teacher)
-  sft   ``jaxrl rs`` draws 4 teacher samples for each of the same number of training prompts (every sample kept:
-        sequence-level KD), then ``jaxrl sft`` trains one pass over them
+        student samples, per-token advantage −(log π_student − log π_teacher) (``--lr``; ``--opd-set
+        distill.mode=gkd``: the generalised JSD of the full next-token distributions on the student's samples)
+  sft   ``jaxrl rs`` draws 4 teacher samples for each of the same number of training prompts (every sample kept,
+        duplicates included: sequence-level KD), then ``jaxrl sft`` trains one pass over them
 
-Each student (and the warm start) is then measured the same way: greedy exact-match accuracy on the 128 held-out
-problems, and the per-token reverse KL to the teacher on the same held-out prompts (mean ``log π_student −
-log π_teacher`` over the response tokens of the student's own samples, 4 per prompt at T = 1: the
-``distill/reverse_kl`` metric of one zero-learning-rate ``distill_tiny`` step whose prompts are the held-out split).
+Each student (and the teacher and the warm start) is then measured the same way: greedy exact-match accuracy on
+``--heldout`` distinct held-out-split problems (``jaxrl eval``, per problem, so two students can be compared with a
+sign test on the problems one gets right and the other wrong), and the per-token reverse KL to the teacher on the
+first ``--kl-prompts`` of them (mean ``log π_student − log π_teacher`` over the response tokens of the student's
+own samples, 4 per prompt at T = 1: the ``distill/reverse_kl`` metric of one zero-learning-rate ``distill_tiny``
+step whose prompts are those problems). Neither arm trains on a held-out-split question (the split is a hash of
+the question).
+
+Every generation (opd rollouts, the teacher's samples for sft, both measurements) uses ``--max-new-tokens`` (40 by
+default: a three-term worked answer needs more than 24 tokens, and a cut answer is scored wrong).
 
 Student tokens: arm opd counts the response tokens the student sampled and trained on (``response/length_mean`` ×
 samples, every step); arm sft counts the response (assistant) tokens of the SFT set, each trained on once.
 
   python scripts/distill_compare.py --teacher runs/sft_tiny/hf --out runs/distill_compare --seeds 0 1 2
+  python scripts/distill_compare.py --teacher runs/teacher/hf --warm runs/warm600/hf --out runs/dc/final \
+    --steps 500 --lr 3e-4 --opd-set distill.mode=gkd --opd-set distill.beta=1.0 --sft-lr 1e-3   # the second run
+
+Results are written to ``OUT/table.json`` (per-problem outcomes included) and printed; a rerun reuses every
+finished stage, so an interrupted comparison resumes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +46,7 @@ import numpy as np
 from jaxrl import cli
 from jaxrl import config as config_lib
 from jaxrl import data as data_lib
+from jaxrl import eval as eval_lib
 from jaxrl import models
 from jaxrl.rl import RLConfig
 
@@ -62,13 +77,15 @@ def warm_start(out: Path, steps: int) -> str:
   return str(out / "hf")
 
 
-def opd(out: Path, warm: str, teacher: str, seed: int, steps: int) -> tuple[str, float]:
+def opd(out: Path, warm: str, teacher: str, seed: int, steps: int, max_new: int, lr: float | None,
+        extra: list[str]) -> tuple[str, float]:
   """On-policy distillation; returns the student's HF dir and its trained (response) tokens (a finished run is
   reused)."""
   if not (out / "hf" / "config.json").exists():
     _run(["rl", "--config", str(DISTILL), *_student_model(warm), "distill.teacher.preset=null",
           f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", f"steps={steps}", f"seed={seed}",
-          f"data.shuffle_seed={seed}", "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET])
+          f"data.shuffle_seed={seed}", f"rollout.max_new_tokens={max_new}", *([f"optim.lr={lr}"] if lr else []),
+          "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET, *extra])
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
   cfg = config_lib.load(RLConfig, DISTILL)
   per_step = cfg.rollout.prompts_per_step * cfg.rollout.n
@@ -76,46 +93,78 @@ def opd(out: Path, warm: str, teacher: str, seed: int, steps: int) -> tuple[str,
   return str(out / "hf"), float(tokens)
 
 
-def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int) -> tuple[str, float]:
+def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, max_new: int,
+                   lr: float | None) -> tuple[str, float]:
   """``prompts`` training prompts (shuffled by ``seed``) × 4 teacher samples, then one SFT pass over them."""
   cfg = config_lib.load(RLConfig, DISTILL)
   records = cfg.data.builtin.records("train")
-  order = np.random.default_rng(seed).permutation(len(records))[:prompts]
+  rng = np.random.default_rng(seed)  # as many passes over the train split as opd's ``prompts`` take
+  order = np.concatenate([rng.permutation(len(records)) for _ in range(-(-prompts // len(records)))])[:prompts]
   out.mkdir(parents=True, exist_ok=True)
   data_lib.write_jsonl([records[i] for i in order], out / "prompts.jsonl")
-  _run(["rs", "--model", teacher, "--data", str(out / "prompts.jsonl"), "--task", "custom", "--reward",
-        "jaxrl.rl:arithmetic_reward", "--threshold", "-1", "--keep-truncated", "--k", str(cfg.rollout.n),
-        "--seed", str(seed), "--max-new-tokens", str(cfg.rollout.max_new_tokens), "--temperature", "1",
-        "--out", str(out / "rs")])
+  if not (out / "rs" / "sft.jsonl").exists():
+    _run(["rs", "--model", teacher, "--data", str(out / "prompts.jsonl"), "--task", "custom", "--reward",
+          "jaxrl.rl:arithmetic_reward", "--threshold", "-1", "--keep-truncated", "--k", str(cfg.rollout.n),
+          "--seed", str(seed), "--max-new-tokens", str(max_new), "--temperature", "1", "--out", str(out / "rs")])
+  # Every sample, duplicates included (``rs`` deduplicates its sft.jsonl; a competent teacher at T = 1 repeats
+  # itself for most prompts, which would leave this arm with far fewer tokens than opd's samples).
+  problems = [json.loads(x) for x in (out / "prompts.jsonl").read_text().splitlines()]
+  samples = sorted((json.loads(x) for x in (out / "rs" / "records.jsonl").read_text().splitlines()),
+                   key=lambda r: r["line"])
+  kept = [eval_lib.sft_record(problems[r["line"] - 1], r, i) for r in samples for i in range(len(r["responses"]))]
+  data_lib.write_jsonl(kept, out / "all_samples.jsonl")
   tok = models.load_tokenizer(teacher)
-  kept = [json.loads(x) for x in (out / "rs" / "sft.jsonl").read_text().splitlines()]
   response = sum(len(tok(r["messages"][-1]["content"])["input_ids"]) for r in kept)
   total = sum(len(tok(tok.apply_chat_template(r["messages"], tokenize=False))["input_ids"]) for r in kept)
   steps = max(1, round(total / (8 * 256 * 0.95)))  # one pass: 8 packed rows of 256 tokens a step
-  _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{out / 'rs' / 'sft.jsonl'}]",
-        f"steps={steps}", "optim.warmup_steps=2", "export_hf=true", "eval.every=0", "checkpoint.every=0",
-        f"out_dir={out / 'sft'}", *QUIET])
+  if not (out / "sft" / "hf" / "config.json").exists():
+    _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{out / 'all_samples.jsonl'}]",
+          f"steps={steps}", "optim.warmup_steps=2", *([f"optim.lr={lr}"] if lr else []), "export_hf=true",
+          "eval.every=0", "checkpoint.every=0", f"out_dir={out / 'sft'}", *QUIET])
   return str(out / "sft" / "hf"), float(response)
 
 
-def heldout_file(out: Path) -> Path:
-  """The held-out split of ``distill_tiny``'s built-in task as a prompt file (never trained on by either arm)."""
-  records = config_lib.load(RLConfig, DISTILL).data.builtin.records("heldout")
+def heldout_file(out: Path, n: int) -> Path:
+  """``n`` distinct held-out-split problems of ``distill_tiny``'s built-in task as a prompt file (never trained on
+  by either arm)."""
+  builtin = config_lib.load(RLConfig, DISTILL).data.builtin
+  records = dataclasses.replace(builtin, n_heldout=n).records("heldout")
   return data_lib.write_jsonl(records, out / "heldout.jsonl")
 
 
-def measure(out: Path, student: str, teacher: str, heldout: Path) -> dict[str, float]:
-  """Greedy held-out accuracy and the reverse KL to the teacher on the held-out prompts (no learning; a finished
-  measurement is reused)."""
-  if not (out / "results.json").exists():
+def measure(out: Path, student: str, teacher: str, heldout: Path, max_new: int, kl_prompts: int) -> dict:
+  """Greedy held-out accuracy (per problem) and the reverse KL to the teacher on the first ``kl_prompts`` held-out
+  prompts (no learning; a finished measurement is reused)."""
+  if not (out / "eval" / "summary.json").exists():
+    _run(["eval", "--model", student, "--data", str(heldout), "--task", "custom", "--reward",
+          "jaxrl.rl:arithmetic_reward", "--n", "1", "--temperature", "0", "--metrics", "avg@1",
+          "--max-new-tokens", str(max_new), "--no-responses", "--out", str(out / "eval")])
+  records = [json.loads(x) for x in (out / "eval" / "records.jsonl").read_text().splitlines()]
+  records.sort(key=lambda r: r["line"])
+  correct = [bool(r["correct"][0]) for r in records]
+  cut = sum(r["finish_reasons"][0] == "length" for r in records)
+  kl_file = out / "kl_prompts.jsonl"
+  if not (out / "kl" / "metrics.jsonl").exists():
+    lines = heldout.read_text().splitlines()[:kl_prompts]
+    kl_file.write_text("".join(x + "\n" for x in lines))
     _run(["rl", "--config", str(DISTILL), *_student_model(student), "distill.teacher.preset=null",
-        f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", "steps=1", "eval.every=1",
-          "eval.prompts=128", "optim.lr=1e-30", "data.builtin=null", f"data.train=[{heldout}]",
-          f"data.heldout=[{heldout}]", "rollout.prompts_per_step=128", f"out_dir={out}", *QUIET])
-  res = json.loads((out / "results.json").read_text())
-  rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+          f"distill.teacher.hf_dir={teacher}", "distill.teacher.overrides={}", "steps=1", "eval.every=0",
+          "optim.lr=1e-30", "data.builtin=null", f"data.train=[{kl_file}]", f"data.heldout=[{kl_file}]",
+          f"rollout.prompts_per_step={len(lines)}", f"rollout.max_new_tokens={max_new}", f"out_dir={out / 'kl'}",
+          *QUIET])
+  rows = [json.loads(x) for x in (out / "kl" / "metrics.jsonl").read_text().splitlines()]
   kl = next(r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r)
-  return {"accuracy": res["eval_before"]["eval/accuracy"], "reverse_kl": kl}
+  return {"accuracy": sum(correct) / len(correct), "correct_of": [sum(correct), len(correct)], "cut": cut,
+          "reverse_kl": kl, "per_problem": correct}
+
+
+def sign_test(a: list[bool], b: list[bool]) -> dict:
+  """Exact two-sided sign test on paired per-problem outcomes: ``a`` right and ``b`` wrong vs the reverse."""
+  up = sum(x and not y for x, y in zip(a, b))
+  down = sum(y and not x for x, y in zip(a, b))
+  n, k = up + down, min(up, down)
+  p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+  return {"a_only": up, "b_only": down, "p": p}
 
 
 def main() -> None:
@@ -126,21 +175,32 @@ def main() -> None:
   p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   p.add_argument("--steps", type=int, default=40, help="distillation steps (8 prompts × 4 samples each)")
   p.add_argument("--warm-steps", type=int, default=150)
+  p.add_argument("--max-new-tokens", type=int, default=40, help="every generation: rollouts, teacher samples, evals")
+  p.add_argument("--lr", type=float, default=None, help="opd learning rate (default: distill_tiny's)")
+  p.add_argument("--opd-set", action="append", default=[], metavar="KEY=VALUE",
+                 help="a further override of the opd run (e.g. distill.mode=gkd); repeatable")
+  p.add_argument("--sft-lr", type=float, default=None, help="sft arm peak learning rate (default: sft_tiny's)")
+  p.add_argument("--heldout", type=int, default=400, help="held-out problems for greedy accuracy")
+  p.add_argument("--kl-prompts", type=int, default=128, help="held-out prompts (the first ones) for the reverse KL")
   a = p.parse_args()
-  out, teacher = Path(a.out), a.teacher
+  out, teacher, max_new = Path(a.out), a.teacher, a.max_new_tokens
   warm = a.warm or warm_start(out / "warm", a.warm_steps)
-  held = heldout_file(out)
-  table = {"teacher": measure(out / "measure_teacher", teacher, teacher, held),
-           "warm": measure(out / "measure_warm", warm, teacher, held)}
+  held = heldout_file(out, a.heldout)
+  meas = dict(heldout=held, max_new=max_new, kl_prompts=a.kl_prompts)
+  table = {"teacher": measure(out / "measure_teacher", teacher, teacher, **meas),
+           "warm": measure(out / "measure_warm", warm, teacher, **meas)}
   prompts = a.steps * config_lib.load(RLConfig, DISTILL).rollout.prompts_per_step
   for seed in a.seeds:
     d = out / f"seed{seed}"
-    o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps)
-    s_dir, s_tok = sft_on_teacher(d / "sft_arm", warm, teacher, seed, prompts)
-    table[f"opd/{seed}"] = dict(measure(d / "measure_opd", o_dir, teacher, held), tokens=o_tok)
-    table[f"sft/{seed}"] = dict(measure(d / "measure_sft", s_dir, teacher, held), tokens=s_tok)
+    o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps, max_new, a.lr, a.opd_set)
+    s_dir, s_tok = sft_on_teacher(d / "sft_arm", warm, teacher, seed, prompts, max_new, a.sft_lr)
+    table[f"opd/{seed}"] = dict(measure(d / "measure_opd", o_dir, teacher, **meas), tokens=o_tok)
+    table[f"sft/{seed}"] = dict(measure(d / "measure_sft", s_dir, teacher, **meas), tokens=s_tok)
+    for a_name, b_name in (("opd", "sft"), ("opd", "warm"), ("sft", "warm")):
+      a_row, b_row = table[f"{a_name}/{seed}"], table[b_name if b_name == "warm" else f"{b_name}/{seed}"]
+      table[f"{a_name}_vs_{b_name}/{seed}"] = sign_test(a_row["per_problem"], b_row["per_problem"])
     (out / "table.json").write_text(json.dumps(table, indent=2))
-  print(json.dumps(table, indent=2))
+  print(json.dumps({k: {f: v for f, v in row.items() if f != "per_problem"} for k, row in table.items()}, indent=2))
 
 
 if __name__ == "__main__":
