@@ -26,7 +26,7 @@ WARM = ROOT / "tests" / "fixtures" / "hf" / "caption_sft_tiny"
 
 
 def _run(tmp_path, name: str):
-  over = {"steps": 1, "model.preset": None, "model.hf_dir": str(WARM), "eval.every": 0,
+  over = {"steps": 1, "model.preset": None, "model.hf_dir": str(WARM), "eval.every": 0, "rollout.n": 4,
           "out_dir": str(tmp_path / name), "tensorboard": False, "rollout.prompts_per_step": 4}
   cfg = config_lib.load(rl.RLConfig, ROOT / "configs" / f"{name}.yaml",
                         [f"{k}={json.dumps(v)}" for k, v in over.items()])
