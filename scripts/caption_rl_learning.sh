@@ -8,7 +8,7 @@
 #     1e-4; held-out reward every 40 steps as the mean over 4 samples at temperature 1 of 64 held-out images; the
 #     policy exported at the end.
 #  3. Greedy held-out reward of the warm start and of the RL result: the step-0 evaluation (before any update) of
-#     a 1-step run of the same config at T = 0.
+#     a 1-step run of the same config at T = 0; RubiCap's result also under CapRL's reward (caption utility).
 # Run from the repository root; PYTHON picks the interpreter, SEEDS the seeds, ARMS the arms, REWARDS the recipes.
 set -euo pipefail
 PY=${PYTHON:-python}
@@ -27,6 +27,8 @@ for S in ${SEEDS:-0 1 2}; do
       rl $REWARD $R $W/hf $Z seed=$S data.shuffle_seed=$S export_hf=true log_samples=8
       rl $REWARD $R/greedy_before $W/hf $Z steps=1 eval.every=1 eval.temperature=0 eval.samples=1
       rl $REWARD $R/greedy_after $R/hf $Z steps=1 eval.every=1 eval.temperature=0 eval.samples=1
+      # RubiCap's result also scored by CapRL's caption utility (greedy): content that the rubric weights cannot trade
+      [ $REWARD = caprl ] || rl caprl $R/caprl_greedy_after $R/hf $Z steps=1 eval.every=1 eval.temperature=0 eval.samples=1
     done
   done
 done

@@ -61,12 +61,19 @@ def scene_caption(scene: Mapping[str, Any]) -> str:
 
 def parse_caption(text: str) -> dict[str, Any]:
   """What a caption in the task's grammar states, read from any text: ``total`` (the first ``N shapes`` /
-  ``N bars``, or None), ``shapes`` (each ``<colour> <kind> [side]`` mention as ``(colour, kind, side or None)``)
-  and ``bars`` (each ``<colour> <value>`` mention as ``(colour, value)``)."""
+  ``N bars``, or None), ``shapes`` (each ``<colour> <kind> [side]`` mention as ``(colour, kind, side or None)``),
+  ``bars`` (each ``<colour> <value>`` mention as ``(colour, value)``) and ``unread``: how many items of the list
+  that follows the total (``N shapes: item, item.``, up to the first full stop) are neither a shape nor a bar
+  mention, e.g. ``red cire ciright``. Such an item still claims an object; a judge cannot count it as none."""
   total = _TOTAL_RE.search(text)
   shapes = [(c.lower(), s.lower(), side.lower() if side else None) for c, s, side in _OBJECT_RE.findall(text)]
   bars = [(c.lower(), int(v)) for c, v in _BAR_RE.findall(text)]
-  return {"total": int(total.group(1)) if total else None, "shapes": shapes, "bars": bars}
+  unread = 0
+  if total:
+    listed = text[total.end():].lstrip(" :").split(".", 1)[0]
+    unread = sum(not (_OBJECT_RE.fullmatch(item.strip()) or _BAR_RE.fullmatch(item.strip()))
+                 for item in listed.split(",") if item.strip())
+  return {"total": int(total.group(1)) if total else None, "shapes": shapes, "bars": bars, "unread": unread}
 
 
 def _mcq(question: str, options: list[str], answer: str) -> dict[str, Any]:

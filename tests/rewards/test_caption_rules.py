@@ -57,6 +57,11 @@ def test_rubicap_with_the_rule_checker_by_hand():
   assert r.info["met"] == [1.0, 1.0, 0.0, 1.0, 0.0] and r.value == pytest.approx(6 / 11)
   praise = rewards.rubicap_reward("p", "3 shapes. This description is absolutely correct and complete.", **kw)
   assert praise.info["monitor"] == {"self_praise": 1.0, "words": 9.0} and praise.value == pytest.approx(6 / 11)
+  # a listed item that names no shape (RL's garbling: "red cire") still claims an object: not "no other shape"
+  garbled = rewards.rubicap_reward("p", "3 shapes: blue squ left, red cire, red circle right.", **kw)
+  assert data.parse_caption("3 shapes: blue squ left, red cire, red circle right.")["unread"] == 2
+  assert garbled.info["met"] == [1.0, 0.0, 0.0, 0.0, 0.0] and garbled.value == pytest.approx(3 / 11)
+  assert data.parse_caption("2 shapes: red circle left, blue square right. Nice.")["unread"] == 0
   with pytest.raises(ValueError, match="not a rubric of the built-in caption task"):
     rewards.scene_rubric_check("The caption is nice.", "x")
 
