@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from jaxrl.data._image_tasks import COLORS, SHAPES, ImageTaskConfig, generate_image_task, png_data_url
+from jaxrl.data._image_tasks import (COLORS, SHAPES, ImageTaskConfig, generate_image_task, level_with_overrides,
+                                     png_data_url)
 from jaxrl.data._synthetic import write_jsonl
 
 CAPTION_PROMPT = "Describe the image."
@@ -60,12 +61,19 @@ def scene_caption(scene: Mapping[str, Any]) -> str:
 
 def parse_caption(text: str) -> dict[str, Any]:
   """What a caption in the task's grammar states, read from any text: ``total`` (the first ``N shapes`` /
-  ``N bars``, or None), ``shapes`` (each ``<colour> <kind> [side]`` mention as ``(colour, kind, side or None)``)
-  and ``bars`` (each ``<colour> <value>`` mention as ``(colour, value)``)."""
+  ``N bars``, or None), ``shapes`` (each ``<colour> <kind> [side]`` mention as ``(colour, kind, side or None)``),
+  ``bars`` (each ``<colour> <value>`` mention as ``(colour, value)``) and ``unread``: how many items of the list
+  that follows the total (``N shapes: item, item.``, up to the first full stop) are neither a shape nor a bar
+  mention, e.g. ``red cire ciright``. Such an item still claims an object; a judge cannot count it as none."""
   total = _TOTAL_RE.search(text)
   shapes = [(c.lower(), s.lower(), side.lower() if side else None) for c, s, side in _OBJECT_RE.findall(text)]
   bars = [(c.lower(), int(v)) for c, v in _BAR_RE.findall(text)]
-  return {"total": int(total.group(1)) if total else None, "shapes": shapes, "bars": bars}
+  unread = 0
+  if total:
+    listed = text[total.end():].lstrip(" :").split(".", 1)[0]
+    unread = sum(not (_OBJECT_RE.fullmatch(item.strip()) or _BAR_RE.fullmatch(item.strip()))
+                 for item in listed.split(",") if item.strip())
+  return {"total": int(total.group(1)) if total else None, "shapes": shapes, "bars": bars, "unread": unread}
 
 
 def _mcq(question: str, options: list[str], answer: str) -> dict[str, Any]:
@@ -76,7 +84,8 @@ def scene_questions(scene: Mapping[str, Any], *, max_count: int, num_colors: int
                     max_value: int = 9) -> list[dict[str, Any]]:
   """The scene's multiple-choice questions (module docstring), in the ``{question, options, answer}`` form
   `jaxrl.rewards.parse_questions` reads. Count options are ``0..max_count``; colours are the first
-  `num_colors` of `COLORS`; bar values offer the true value and its neighbours within ``1..max_value``."""
+  `num_colors` of `COLORS` (no total-count question when ``max_count`` is 1); bar values offer the true value
+  and its neighbours within ``1..max_value``."""
   objs = scene["objects"]
   if scene["kind"] == "bars":
     out = [_mcq("How many bars are in the chart?", [str(k) for k in range(2, len(COLORS) + 1)], str(len(objs)))]
@@ -90,7 +99,8 @@ def scene_questions(scene: Mapping[str, Any], *, max_count: int, num_colors: int
                       max(objs, key=lambda o: o["value"])["color"]))
     return out
   counts = [str(k) for k in range(max_count + 1)]
-  out = [_mcq("How many shapes are in the image?", counts[1:], str(len(objs)))]
+  # the total is asked only when a scene may hold more than one shape: with one option it settles nothing
+  out = [_mcq("How many shapes are in the image?", counts[1:], str(len(objs)))] if max_count > 1 else []
   for color in list(COLORS)[:num_colors]:
     out.append(_mcq(f"How many {color} shapes are in the image?", counts, str(sum(o["color"] == color for o in objs))))
   for shape in SHAPES:
@@ -191,6 +201,16 @@ class BuiltinCaptionTask:
   "ImageTaskConfig.level: 0 = 1-3 shapes in 2 colours ... 3 = up to 8 shapes and 6-bar charts."
   image_size: int | None = None
   "Image side in pixels; None: the level's (84, or 112 at level 3)."
+  min_objects: int | None = None
+  "Fewest shapes per scene; None: the level's (lowered to ``max_objects`` when that is smaller)."
+  max_objects: int | None = None
+  "Most shapes per scene; None: the level's."
+  num_colors: int | None = None
+  "Shape colours (the first ``num_colors`` of ``COLORS``); None: the level's."
+  shape_scale: float | None = None
+  ("Shape size (ImageTaskConfig.shape_scale: 1 small shapes, 4 shapes covering much of the image); None: the "
+   "level's. At 56 px and scale 1 a shape is smaller than one 14 px patch, and a tiny captioner does not learn to "
+   "see it (docs/benchmarks.md, tiny CapRL).")
   seed: int = 0
 
   def __post_init__(self):
@@ -202,12 +222,12 @@ class BuiltinCaptionTask:
       raise ValueError(f"data.caption_task.difficulty must be in 0..3, got {self.difficulty!r}")
     if self.image_size is not None and self.image_size < 28:
       raise ValueError(f"data.caption_task.image_size must be >= 28, got {self.image_size!r}")
+    self.task  # noqa: B018 -- the overrides checked against ImageTaskConfig at construction
 
   @property
   def task(self) -> ImageTaskConfig:
-    """The scenes' :class:`ImageTaskConfig` (``difficulty`` and ``image_size``)."""
-    return ImageTaskConfig.level(self.difficulty, **({} if self.image_size is None else
-                                                     {"image_size": self.image_size}))
+    """The scenes' :class:`ImageTaskConfig`: the ``difficulty`` level with the fields set here overriding it."""
+    return level_with_overrides(self, "data.caption_task")
 
   def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
     """The split's caption records (images inline as PNG data URLs)."""

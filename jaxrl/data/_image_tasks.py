@@ -336,6 +336,24 @@ def write_image_task_splits(out_dir: str | Path, *, n_train: int, n_heldout: int
           for split, n in (("train", n_train), ("heldout", n_heldout))}
 
 
+_SCENE_KNOBS = ("image_size", "min_objects", "max_objects", "num_colors", "shape_scale")
+
+
+def level_with_overrides(section, key: str) -> ImageTaskConfig:
+  """``ImageTaskConfig.level(section.difficulty)`` with the section's scene knobs that are not None (and its
+  ``questions``, where it has them) overriding the level's; ``min_objects`` is lowered to ``max_objects`` when
+  only the latter is set below the level's. ``key`` names the config section in errors."""
+  over: dict[str, Any] = {k: getattr(section, k) for k in _SCENE_KNOBS if getattr(section, k) is not None}
+  if getattr(section, "questions", None) is not None:
+    over["questions"] = tuple(section.questions)
+  if section.max_objects is not None and section.min_objects is None:
+    over["min_objects"] = min(section.max_objects, ImageTaskConfig.level(section.difficulty).min_objects)
+  try:
+    return ImageTaskConfig.level(section.difficulty, **over)
+  except ValueError as e:
+    raise ValueError(f"{key}: {e}") from None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BuiltinImageTask:
   """The built-in image task as a config section (``data.builtin`` of a vision-language trainer).
@@ -379,16 +397,7 @@ class BuiltinImageTask:
   def task(self) -> ImageTaskConfig:
     """The :class:`ImageTaskConfig` of ``difficulty`` with the fields set here (``image_size``,
     ``questions``, ``min_objects``, ``max_objects``, ``num_colors``, ``shape_scale``) overriding the level's."""
-    keys = ("image_size", "min_objects", "max_objects", "num_colors", "shape_scale")
-    over: dict[str, Any] = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
-    if self.questions is not None:
-      over["questions"] = tuple(self.questions)
-    if self.max_objects is not None and self.min_objects is None:
-      over["min_objects"] = min(self.max_objects, ImageTaskConfig.level(self.difficulty).min_objects)
-    try:
-      return ImageTaskConfig.level(self.difficulty, **over)
-    except ValueError as e:
-      raise ValueError(f"data.image_task: {e}") from None
+    return level_with_overrides(self, "data.image_task")
 
   def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
     """The split's chat records (images inline as PNG data URLs)."""

@@ -96,8 +96,8 @@ def scene_rubric_check(criterion: str, caption: str) -> float:
     return float(any(b == (m.group(1), int(m.group(2))) for b in f["bars"]))
   if m := re.fullmatch(r"The caption mentions no shape other than: (.*)\.", c):
     allowed = {tuple(x.strip().split(" ", 1)) for x in m.group(1).split(",")}
-    return float(all(s[:2] in allowed for s in f["shapes"]))
+    return float(all(s[:2] in allowed for s in f["shapes"]) and not f["unread"])
   if m := re.fullmatch(r"The caption mentions no bar other than: (.*)\.", c):
     allowed = {x.strip() for x in m.group(1).split(",")}
-    return float(all(b[0] in allowed for b in f["bars"]))
+    return float(all(b[0] in allowed for b in f["bars"]) and not f["unread"])
   raise ValueError(f"scene_rubric_check: {criterion!r} is not a rubric of the built-in caption task")

@@ -42,6 +42,9 @@ class SFTData(data_lib.TaskData):
   shuffle_seed: int = 0
   image_task: data_lib.BuiltinImageTask | None = None
   "Vision-language models: the built-in image task, used when `train` is empty (default settings if unset)."
+  caption_task: data_lib.BuiltinCaptionTask | None = None
+  ("Vision-language models: the built-in caption task (image + \"Describe the image.\" -> the scene's reference "
+   "caption), used when `train` is empty: the captioning warm start of the tiny CapRL / RubiCap recipes.")
   images: data_lib.ImageConfig = dataclasses.field(default_factory=data_lib.ImageConfig)
   "Vision-language models: how images become patches (min/max pixels; geometry must match the tower)."
   num_patches: int | None = None
@@ -103,18 +106,21 @@ class SFTConfig(train.TrainerConfig):
                        f"{self.packing.global_rows}")
     if not self.data.train and self.data.builtin is None:
       raise ValueError("data: give data.train files or data.builtin")
+    if self.data.image_task is not None and self.data.caption_task is not None:
+      raise ValueError("data: give data.image_task or data.caption_task, not both")
     if self.freeze_vision and self.lora is not None and self.lora.vision_targets:
       raise ValueError(f"freeze_vision: true contradicts lora.vision_targets={list(self.lora.vision_targets)} (the "
                        "tower's adapters would train); drop one (under LoRA the tower's base weights are frozen anyway)")
 
 
 def _resolve_data(cfg: SFTConfig, out_dir: Path, *, vision: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  if cfg.data.image_task is not None and not vision:
-    raise ValueError(f"data.image_task: model {cfg.model.preset or cfg.model.hf_dir!r} has no vision tower")
+  for key in ("image_task", "caption_task"):
+    if getattr(cfg.data, key) is not None and not vision:
+      raise ValueError(f"data.{key}: model {cfg.model.preset or cfg.model.hf_dir!r} has no vision tower")
   if cfg.data.train:
     return cfg.data.train, cfg.data.heldout
   if vision:
-    return _vl.write_image_task(cfg.data.image_task or data_lib.BuiltinImageTask(), out_dir)
+    return _vl.write_image_task(cfg.data.caption_task or cfg.data.image_task or data_lib.BuiltinImageTask(), out_dir)
   b = cfg.data.builtin
   if jax.process_index():  # every process writes its own (identical) copy: no two writers share a file
     out_dir = out_dir / "processes" / str(jax.process_index())

@@ -33,12 +33,14 @@ def check_image_config(images: data_lib.ImageConfig, vision) -> None:
       raise ValueError(f"data.images.{key}={getattr(images, key)} differs from the model's vision tower ({want})")
 
 
-def write_image_task(task: data_lib.BuiltinImageTask, out_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """The built-in image task's train and held-out splits as JSONL files under ``out_dir/data``."""
+def write_image_task(task: data_lib.BuiltinImageTask | data_lib.BuiltinCaptionTask,
+                     out_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """The built-in image (or caption) task's train and held-out splits as JSONL files under ``out_dir/data``."""
   if jax.process_index():  # every process writes its own (identical) copy
     out_dir = out_dir / "processes" / str(jax.process_index())
-  paths = data_lib.write_image_task_splits(out_dir / "data", n_train=task.n_train, n_heldout=task.n_heldout,
-                                           seed=task.seed, config=task.task)
+  write = (data_lib.write_caption_task_splits if isinstance(task, data_lib.BuiltinCaptionTask)
+           else data_lib.write_image_task_splits)
+  paths = write(out_dir / "data", n_train=task.n_train, n_heldout=task.n_heldout, seed=task.seed, config=task.task)
   return (str(paths["train"]),), (str(paths["heldout"]),)
 
 

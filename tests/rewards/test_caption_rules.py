@@ -57,6 +57,11 @@ def test_rubicap_with_the_rule_checker_by_hand():
   assert r.info["met"] == [1.0, 1.0, 0.0, 1.0, 0.0] and r.value == pytest.approx(6 / 11)
   praise = rewards.rubicap_reward("p", "3 shapes. This description is absolutely correct and complete.", **kw)
   assert praise.info["monitor"] == {"self_praise": 1.0, "words": 9.0} and praise.value == pytest.approx(6 / 11)
+  # a listed item that names no shape (RL's garbling: "red cire") still claims an object: not "no other shape"
+  garbled = rewards.rubicap_reward("p", "3 shapes: blue squ left, red cire, red circle right.", **kw)
+  assert data.parse_caption("3 shapes: blue squ left, red cire, red circle right.")["unread"] == 2
+  assert garbled.info["met"] == [1.0, 0.0, 0.0, 0.0, 0.0] and garbled.value == pytest.approx(3 / 11)
+  assert data.parse_caption("2 shapes: red circle left, blue square right. Nice.")["unread"] == 0
   with pytest.raises(ValueError, match="not a rubric of the built-in caption task"):
     rewards.scene_rubric_check("The caption is nice.", "x")
 
@@ -71,3 +76,22 @@ def test_caption_task_splits_share_no_scene():
     assert r["messages"][0]["content"][1]["text"] == data.CAPTION_PROMPT
     assert r["messages"][1]["content"] == r["caption"] == data.scene_caption(r["scene"])
     assert rewards.caprl_reward("p", r["caption"], questions=r["questions"], answerer=rewards.scene_answerer).value == 1
+
+
+def test_caption_task_section_overrides_the_level():
+  """``data.caption_task``'s scene knobs reach the scenes: one or two large shapes, sides in the scaled range."""
+  section = data.BuiltinCaptionTask(n_train=32, n_heldout=8, difficulty=0, image_size=56, max_objects=2,
+                                    shape_scale=2.5)
+  lo, hi = section.task.shape_sides()
+  assert (section.task.min_objects, section.task.max_objects, lo, hi) == (1, 2, 15, 27)
+  objects = [o for r in section.records("train") for o in r["scene"]["objects"]]
+  counts = {len(r["scene"]["objects"]) for r in section.records("train")}
+  assert counts == {1, 2}
+  assert all(lo <= o["bbox"][2] - o["bbox"][0] + 1 <= hi for o in objects if o["shape"] == "square")
+  single = data.BuiltinCaptionTask(n_train=8, difficulty=0, image_size=56, max_objects=1, shape_scale=3.0)
+  for r in single.records("train"):  # one shape: no total-count question (its one option would settle it)
+    assert all(len(q["options"]) >= 2 for q in r["questions"]) and "How many shapes" not in json.dumps(r["questions"])
+    assert rewards.caprl_reward("p", r["caption"], questions=r["questions"], answerer=rewards.scene_answerer).value == 1
+  assert data.BuiltinCaptionTask(difficulty=0).task == data.ImageTaskConfig.level(0)
+  with pytest.raises(ValueError, match="data.caption_task: shape_scale"):
+    data.BuiltinCaptionTask(shape_scale=9.0)

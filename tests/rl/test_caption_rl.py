@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ WARM = ROOT / "tests" / "fixtures" / "hf" / "caption_sft_tiny"
 
 
 def _run(tmp_path, name: str):
-  over = {"steps": 1, "model.preset": None, "model.hf_dir": str(WARM), "eval.every": 0,
+  over = {"steps": 1, "model.preset": None, "model.hf_dir": str(WARM), "eval.every": 0, "rollout.n": 4,
           "out_dir": str(tmp_path / name), "tensorboard": False, "rollout.prompts_per_step": 4}
   cfg = config_lib.load(rl.RLConfig, ROOT / "configs" / f"{name}.yaml",
                         [f"{k}={json.dumps(v)}" for k, v in over.items()])
@@ -62,6 +63,16 @@ def _caprl_by_hand(caption: str, questions) -> float:
   return float(np.mean(hits))
 
 
+def _names_an_object(words: list[str]) -> bool:
+  """``<colour> <kind>[s] [side]`` or ``<colour> <value>``."""
+  if len(words) < 2 or words[0] not in data.COLORS:
+    return False
+  if len(words) == 2 and words[1].isdigit():
+    return True
+  kind = words[1][:-1] if words[1].endswith("s") and words[1][:-1] in data.SHAPES else words[1]
+  return kind in data.SHAPES and (len(words) == 2 or len(words) == 3 and words[2] in ("left", "right", "center"))
+
+
 def _rubicap_by_hand(caption: str, scene) -> float:
   said = data.parse_caption(caption)["shapes"]  # [(colour, kind, side)]
   objs = scene["objects"]
@@ -70,7 +81,10 @@ def _rubicap_by_hand(caption: str, scene) -> float:
   scores += [(2.0, sum(s[:2] == g for s in said) == k) for g, k in groups.items()]
   scores += [(1.0, (o["color"], o["shape"], o["horizontal"]) in said) for o in objs
              if groups[o["color"], o["shape"]] == 1 and o["horizontal"] != "center"]
-  scores += [(3.0, all(s[:2] in groups for s in said))]
+  total = re.search(r"\b\d+\s+(shape|bar)s?\b", caption, re.I)  # "N shapes: a, b." -> items "a", "b"
+  listed = caption[total.end():].lstrip(" :").split(".", 1)[0] if total else ""
+  unread = [x for x in listed.lower().split(",") if x.strip() and not _names_an_object(x.split())]
+  scores += [(3.0, all(s[:2] in groups for s in said) and not unread)]
   return sum(w * bool(m) for w, m in scores) / sum(w for w, _ in scores)
 
 

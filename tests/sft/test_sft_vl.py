@@ -141,6 +141,21 @@ def test_freeze_vision_and_zero_pixels_and_bad_settings_are_refused(tmp_path):
     sft.SFTTrainer(_cfg(tmp_path / "c", model={"preset": "tiny"}, tokenizer=None))
 
 
+def test_caption_task_is_sft_data(tmp_path):
+  """data.caption_task: the built-in caption task written as SFT records (image + prompt -> the scene's reference
+  caption), its scene knobs applied; it and data.image_task are exclusive."""
+  task = {"n_train": 12, "n_heldout": 2, "difficulty": 0, "image_size": 56, "max_objects": 1, "shape_scale": 3.0}
+  trainer = sft.SFTTrainer(_cfg(tmp_path, data={"caption_task": task, "num_patches": 32}))
+  records = [json.loads(line) for line in Path(trainer.train_paths[0]).read_text().splitlines()]
+  assert len(records) == 12
+  for r in records:
+    assert r["messages"][1]["content"] == data_lib.scene_caption(r["scene"]) and len(r["scene"]["objects"]) == 1
+  batch = next(trainer._batches(trainer.train_paths, epochs=1))
+  assert batch.arrays["pixel_values"].any() and batch.arrays["image_segments"].any()
+  with pytest.raises(ValueError, match="data.image_task or data.caption_task, not both"):
+    _cfg(tmp_path / "b", data={"caption_task": task, "image_task": {"image_size": 56}})
+
+
 def test_exported_sft_vlm_loads_in_transformers_with_the_same_logits():
   """tests/fixtures/make_vl_sft_export.py: `jaxrl sft` on configs/sft_vl_tiny.yaml, its hf/ directory through
   transformers' Qwen2_5_VLForConditionalGeneration against jaxrl on held-out image prompts."""
