@@ -26,9 +26,9 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from jaxrl.data._image_tasks import (COLORS, SHAPES, ImageTaskConfig, generate_image_task, level_with_overrides,
+from jaxrl.data._image_tasks import (COLORS, SHAPES, ImageTaskConfig, SceneTaskSection, generate_image_task,
                                      png_data_url)
 from jaxrl.data._synthetic import write_jsonl
 
@@ -189,45 +189,13 @@ def write_caption_task_splits(out_dir: str | Path, *, n_train: int, n_heldout: i
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BuiltinCaptionTask:
+class BuiltinCaptionTask(SceneTaskSection):
   """The built-in caption task as a config section (``data.caption_task`` of the RL trainer:
-  configs/caprl_tiny.yaml, configs/rubicap_tiny.yaml). Scenes are `BuiltinImageTask`'s."""
+  configs/caprl_tiny.yaml, configs/rubicap_tiny.yaml; of ``jaxrl sft``: configs/sft_caption_tiny.yaml). Scenes
+  are `BuiltinImageTask`'s, with the same knobs."""
 
-  n_train: int = 4000
-  "Distinct-seeded train records drawn."
-  n_heldout: int = 64
-  "Distinct held-out records (their scenes never in the train split)."
-  difficulty: int = 0
-  "ImageTaskConfig.level: 0 = 1-3 shapes in 2 colours ... 3 = up to 8 shapes and 6-bar charts."
-  image_size: int | None = None
-  "Image side in pixels; None: the level's (84, or 112 at level 3)."
-  min_objects: int | None = None
-  "Fewest shapes per scene; None: the level's (lowered to ``max_objects`` when that is smaller)."
-  max_objects: int | None = None
-  "Most shapes per scene; None: the level's."
-  num_colors: int | None = None
-  "Shape colours (the first ``num_colors`` of ``COLORS``); None: the level's."
-  shape_scale: float | None = None
-  ("Shape size (ImageTaskConfig.shape_scale: 1 small shapes, 4 shapes covering much of the image); None: the "
-   "level's. At 56 px and scale 1 a shape is smaller than one 14 px patch, and a tiny captioner does not learn to "
-   "see it (docs/benchmarks.md, tiny CapRL).")
-  seed: int = 0
-
-  def __post_init__(self):
-    if self.n_train < 1:
-      raise ValueError(f"data.caption_task.n_train must be >= 1, got {self.n_train!r}")
-    if self.n_heldout < 0:
-      raise ValueError(f"data.caption_task.n_heldout must be >= 0, got {self.n_heldout!r}")
-    if self.difficulty not in range(4):
-      raise ValueError(f"data.caption_task.difficulty must be in 0..3, got {self.difficulty!r}")
-    if self.image_size is not None and self.image_size < 28:
-      raise ValueError(f"data.caption_task.image_size must be >= 28, got {self.image_size!r}")
-    self.task  # noqa: B018 -- the overrides checked against ImageTaskConfig at construction
-
-  @property
-  def task(self) -> ImageTaskConfig:
-    """The scenes' :class:`ImageTaskConfig`: the ``difficulty`` level with the fields set here overriding it."""
-    return level_with_overrides(self, "data.caption_task")
+  _key: ClassVar[str] = "data.caption_task"
+  _task_key: ClassVar[str] = "data.caption_task"
 
   def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
     """The split's caption records (images inline as PNG data URLs)."""

@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -339,39 +339,22 @@ def write_image_task_splits(out_dir: str | Path, *, n_train: int, n_heldout: int
 _SCENE_KNOBS = ("image_size", "min_objects", "max_objects", "num_colors", "shape_scale")
 
 
-def level_with_overrides(section, key: str) -> ImageTaskConfig:
-  """``ImageTaskConfig.level(section.difficulty)`` with the section's scene knobs that are not None (and its
-  ``questions``, where it has them) overriding the level's; ``min_objects`` is lowered to ``max_objects`` when
-  only the latter is set below the level's. ``key`` names the config section in errors."""
-  over: dict[str, Any] = {k: getattr(section, k) for k in _SCENE_KNOBS if getattr(section, k) is not None}
-  if getattr(section, "questions", None) is not None:
-    over["questions"] = tuple(section.questions)
-  if section.max_objects is not None and section.min_objects is None:
-    over["min_objects"] = min(section.max_objects, ImageTaskConfig.level(section.difficulty).min_objects)
-  try:
-    return ImageTaskConfig.level(section.difficulty, **over)
-  except ValueError as e:
-    raise ValueError(f"{key}: {e}") from None
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BuiltinImageTask:
-  """The built-in image task as a config section (``data.builtin`` of a vision-language trainer).
+class SceneTaskSection:
+  """What the built-in image and caption task sections share: how many records, the difficulty level and the
+  scene knobs that override it (each None keeps the level's). ``_key`` and ``_task_key`` name the section in
+  errors (of the counts, of the scene knobs)."""
 
-  :meth:`records` draws a split as chat records (:func:`image_task_record`): ``n_train`` train records
-  (repeats allowed) or ``n_heldout`` distinct held-out ones (never in the train split).
-  """
-
+  _key: ClassVar[str] = "data.builtin"
+  _task_key: ClassVar[str] = "data.image_task"
   n_train: int = 4000
   "Records drawn from the train split."
   n_heldout: int = 64
-  "Distinct held-out records (never in the train split)."
-  difficulty: int = 1
-  "ImageTaskConfig.level: 0 = count 1-3 shapes ... 3 = up to 8 shapes and 6-bar charts."
+  "Distinct held-out records (their scenes never in the train split)."
+  difficulty: int = 0
+  "ImageTaskConfig.level: 0 = 1-3 shapes in 2 colours ... 3 = up to 8 shapes and 6-bar charts."
   image_size: int | None = None
   "Image side in pixels (56-112 keeps CPU runs fast); None: the level's (84, or 112 at level 3)."
-  questions: tuple[str, ...] | None = None
-  "Question types (a subset of ``QUESTION_TYPES``); None: the level's."
   min_objects: int | None = None
   "Fewest shapes per scene; None: the level's (lowered to ``max_objects`` when that is smaller)."
   max_objects: int | None = None
@@ -379,25 +362,49 @@ class BuiltinImageTask:
   num_colors: int | None = None
   "Shape colours (the first ``num_colors`` of ``COLORS``); None: the level's."
   shape_scale: float | None = None
-  "Shape size (ImageTaskConfig.shape_scale: 1 small shapes, 4 shapes covering much of the image); None: the level's."
+  ("Shape size (ImageTaskConfig.shape_scale: 1 small shapes, 4 shapes covering much of the image); None: the "
+   "level's. At 56 px and scale 1 a shape is smaller than one 14 px patch, and a tiny captioner does not learn to "
+   "see it (docs/benchmarks.md, tiny CapRL).")
   seed: int = 0
 
   def __post_init__(self):
     if self.n_train < 1:
-      raise ValueError(f"data.builtin.n_train must be >= 1, got {self.n_train!r}")
+      raise ValueError(f"{self._key}.n_train must be >= 1, got {self.n_train!r}")
     if self.n_heldout < 0:
-      raise ValueError(f"data.builtin.n_heldout must be >= 0, got {self.n_heldout!r}")
+      raise ValueError(f"{self._key}.n_heldout must be >= 0, got {self.n_heldout!r}")
     if self.difficulty not in range(4):
-      raise ValueError(f"data.builtin.difficulty must be in 0..3, got {self.difficulty!r}")
+      raise ValueError(f"{self._key}.difficulty must be in 0..3, got {self.difficulty!r}")
     if self.image_size is not None and self.image_size < 28:
-      raise ValueError(f"data.builtin.image_size must be >= 28, got {self.image_size!r}")
+      raise ValueError(f"{self._key}.image_size must be >= 28, got {self.image_size!r}")
     self.task  # noqa: B018 -- the overrides checked against ImageTaskConfig at construction
 
   @property
   def task(self) -> ImageTaskConfig:
-    """The :class:`ImageTaskConfig` of ``difficulty`` with the fields set here (``image_size``,
-    ``questions``, ``min_objects``, ``max_objects``, ``num_colors``, ``shape_scale``) overriding the level's."""
-    return level_with_overrides(self, "data.image_task")
+    """The :class:`ImageTaskConfig` of ``difficulty`` with the fields set here (the scene knobs, and
+    ``questions`` where the section has them) overriding the level's."""
+    over: dict[str, Any] = {k: getattr(self, k) for k in _SCENE_KNOBS if getattr(self, k) is not None}
+    if getattr(self, "questions", None) is not None:
+      over["questions"] = tuple(self.questions)
+    if self.max_objects is not None and self.min_objects is None:
+      over["min_objects"] = min(self.max_objects, ImageTaskConfig.level(self.difficulty).min_objects)
+    try:
+      return ImageTaskConfig.level(self.difficulty, **over)
+    except ValueError as e:
+      raise ValueError(f"{self._task_key}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuiltinImageTask(SceneTaskSection):
+  """The built-in image task as a config section (``data.builtin`` of a vision-language trainer).
+
+  :meth:`records` draws a split as chat records (:func:`image_task_record`): ``n_train`` train records
+  (repeats allowed) or ``n_heldout`` distinct held-out ones (never in the train split).
+  """
+
+  difficulty: int = 1
+  "ImageTaskConfig.level: 0 = count 1-3 shapes ... 3 = up to 8 shapes and 6-bar charts."
+  questions: tuple[str, ...] | None = None
+  "Question types (a subset of ``QUESTION_TYPES``); None: the level's."
 
   def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
     """The split's chat records (images inline as PNG data URLs)."""
