@@ -71,3 +71,7 @@ class AsyncConfig:
                        "group's batch, hence its stage, is only known once earlier rounds are filtered)")
     if r.reward_overlap_chunks != 1:
       raise ValueError("asynchronous: rollout.reward_overlap_chunks must be 1 (rows are scored as each finishes)")
+    if cfg.reward.model is not None:
+      raise ValueError("asynchronous: reward.model is not supported (the reward model scores a whole chunk in one "
+                       "forward on the trainer's mesh; the async rollout scores each row as it finishes); run it "
+                       "synchronously, or serve the reward model (jaxrl serve) and score through reward.fn")

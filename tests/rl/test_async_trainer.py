@@ -14,6 +14,7 @@ from rl_testlib import digit_fraction, make_config
 from jaxrl import config as config_lib
 from jaxrl.rl import RLConfig, RLTrainer
 from jaxrl.rl._async import AsyncRLTrainer
+from jaxrl.rl._config import DEFAULT_REWARD
 
 ENGINE = {"num_slots": 12, "kv_cache_bytes": 1 << 20, "block_size": 8, "steps_per_call": 4}
 # 4 rollout + 4 trainer devices; the synchronous reference trains and rolls out on the trainer's 4. Both
@@ -154,6 +155,8 @@ def test_async_config_is_checked_at_load(tmp_path):
     config_lib.from_dict(RLConfig, {"asynchronous": {"staleness": 1}})
   with pytest.raises(ValueError, match="reward_overlap_chunks must be 1"):
     _config(tmp_path, "x", {}, **{"rollout.reward_overlap_chunks": 2})
+  with pytest.raises(ValueError, match="asynchronous: reward.model is not supported"):
+    _config(tmp_path, "x", {}, **{"reward.fn": DEFAULT_REWARD, "reward.kwargs": {}, "reward.model": {"path": str(tmp_path / "rm")}})
 
 
 def test_async_trainer_overrides_only_the_schedule():
