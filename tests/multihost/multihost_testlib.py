@@ -1,5 +1,6 @@
-"""Launching the multi-process tests' workers: the environment they start in, a free coordinator port, and
-waiting for every process's JSON result. Imports no JAX (workers call :func:`configure_process` first)."""
+"""Launching the multi-process tests' workers: the environment they start in, a free coordinator port,
+waiting for every process's JSON result, and comparing two runs' logged metrics. Imports no JAX (workers call
+:func:`configure_process` first)."""
 
 import json
 import os
@@ -7,6 +8,8 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +44,28 @@ def wait_json(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
     for p in procs:
       p.kill()
   return outs
+
+
+def step_metrics(out_dir) -> dict[int, dict[str, float]]:
+  """A run's ``metrics.jsonl`` merged per step (train and eval rows of one step are separate lines)."""
+  merged: dict[int, dict[str, float]] = {}
+  for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines():
+    row = json.loads(line)
+    merged.setdefault(row.pop("step"), {}).update(row)
+  return merged
+
+
+def assert_same_metrics(got_dir, want_dir, *, skip: tuple[str, ...]) -> dict[int, dict[str, float]]:
+  """Both runs log the same steps and keys, and equal values (rtol 1e-4), the keys starting with a ``skip``
+  prefix (timings, throughput, packing) aside; returns ``want_dir``'s metrics."""
+  got, want = step_metrics(got_dir), step_metrics(want_dir)
+  assert got.keys() == want.keys(), (got.keys(), want.keys())
+  for step in want:
+    keys = sorted(k for k in want[step] if not k.startswith(skip))
+    assert keys == sorted(k for k in got[step] if not k.startswith(skip)), step
+    for k in keys:
+      np.testing.assert_allclose(got[step][k], want[step][k], rtol=1e-4, atol=1e-6, err_msg=f"step {step}: {k}")
+  return want
 
 
 def configure_process(num_processes: int, process_id: int, local_devices: int, port: int) -> None:

@@ -5,14 +5,13 @@ pairs split unevenly over the processes."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from multihost_testlib import ROOT, free_port, wait_json, worker_env
+from multihost_testlib import ROOT, assert_same_metrics, free_port, wait_json, worker_env
 from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.slow
@@ -34,22 +33,9 @@ def _run(recipe, processes, out_dir, overrides=()) -> list[dict]:
   return wait_json(procs, TIMEOUT)
 
 
-def _metrics(out_dir) -> dict[int, dict[str, float]]:
-  merged: dict[int, dict[str, float]] = {}
-  for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines():
-    row = json.loads(line)
-    merged.setdefault(row.pop("step"), {}).update(row)
-  return merged
-
-
 def _assert_same(got_dir, want_dir, *, weights=("model.safetensors",), atol=1e-6):
-  got, want = _metrics(got_dir), _metrics(want_dir)
-  assert got.keys() == want.keys() and 3 in want and "eval_accuracy" in want[3], want
-  for step in want:
-    keys = sorted(k for k in want[step] if not k.startswith(NOT_COMPARED))
-    assert keys == sorted(k for k in got[step] if not k.startswith(NOT_COMPARED)), step
-    for k in keys:
-      np.testing.assert_allclose(got[step][k], want[step][k], rtol=1e-4, atol=1e-6, err_msg=f"step {step}: {k}")
+  want = assert_same_metrics(got_dir, want_dir, skip=NOT_COMPARED)
+  assert 3 in want and "eval_accuracy" in want[3], want
   for name in weights:
     a, b = load_file(str(Path(got_dir) / "hf" / name)), load_file(str(Path(want_dir) / "hf" / name))
     assert a.keys() == b.keys()

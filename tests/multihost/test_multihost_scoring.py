@@ -5,7 +5,6 @@ and gets exactly the scores one process × 8 devices gives for the same samples 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from multihost_testlib import ROOT, free_port, wait_json, worker_env
+from multihost_testlib import ROOT, assert_same_metrics, free_port, wait_json, worker_env
 from safetensors.numpy import load_file
 
 from jaxrl import data as data_lib
@@ -119,29 +118,16 @@ def _rl(processes: int, out_dir, model_dir) -> list[dict]:
   return wait_json(procs, 1200)
 
 
-def _metrics(out_dir) -> dict[int, dict[str, float]]:
-  merged: dict[int, dict[str, float]] = {}
-  for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines():
-    row = json.loads(line)
-    merged.setdefault(row.pop("step"), {}).update(row)
-  return merged
-
-
 def test_rl_with_reward_model_and_implicit_prm_on_two_processes_trains_like_one(tmp_path, model_dir):
   """``jaxrl rl`` with ``reward.model`` and ``reward.implicit_prm``: two processes × 4 devices log the metrics and
   export the weights of one process × 8 devices."""
   _rl(1, tmp_path / "single", model_dir)
   pair = _rl(2, tmp_path / "pair", model_dir)
   assert all(r["processes"] == 2 and r["rc"] == 0 for r in pair)
-  got, want = _metrics(tmp_path / "pair"), _metrics(tmp_path / "single")
-  assert got.keys() == want.keys() and "reward/prm_mean" in want[1] and "eval/reward_mean" in want[1], want
-  assert want[1]["reward/std"] > 1e-3  # the reward model's scores differ between samples
   skip = ("time_", "tok_s/", "tok/s", "mfu", "train/micro_batches", "train/pack_efficiency", "padding")
-  for step in want:
-    keys = sorted(k for k in want[step] if not k.startswith(skip))
-    assert keys == sorted(k for k in got[step] if not k.startswith(skip)), step
-    for k in keys:
-      np.testing.assert_allclose(got[step][k], want[step][k], rtol=1e-4, atol=1e-6, err_msg=f"step {step}: {k}")
+  want = assert_same_metrics(tmp_path / "pair", tmp_path / "single", skip=skip)
+  assert "reward/prm_mean" in want[1] and "eval/reward_mean" in want[1], want
+  assert want[1]["reward/std"] > 1e-3  # the reward model's scores differ between samples
   a, b = (load_file(str(Path(d) / "hf" / "model.safetensors")) for d in (tmp_path / "pair", tmp_path / "single"))
   assert a.keys() == b.keys()
   for k in b:

@@ -6,7 +6,6 @@ round, prompt accounting across processes, and a killed process stopping the sur
 that names it. Fresh compilations dominate the runtime; they go to JAX's persistent cache.
 """
 
-import json
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from multihost_testlib import ROOT, free_port, wait_json, worker_env
+from multihost_testlib import ROOT, assert_same_metrics, free_port, wait_json, worker_env
 from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.slow
@@ -61,29 +60,11 @@ def _weights(out_dir) -> dict[str, np.ndarray]:
   return {k: v for f in files for k, v in load_file(str(f)).items()}
 
 
-def _metrics(out_dir) -> dict[int, dict[str, float]]:
-  rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-  merged: dict[int, dict[str, float]] = {}
-  for r in rows:
-    merged.setdefault(r.pop("step"), {}).update(r)
-  return merged
-
-
 def _assert_same_weights(got_dir, want_dir):
   got, want = _weights(got_dir), _weights(want_dir)
   assert got.keys() == want.keys()
   for k in want:
     np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
-
-
-def _assert_same_metrics(got_dir, want_dir):
-  got, want = _metrics(got_dir), _metrics(want_dir)
-  assert got.keys() == want.keys()
-  for step in want:
-    keys = sorted(k for k in want[step] if not k.startswith(NOT_COMPARED))
-    assert keys == sorted(k for k in got[step] if not k.startswith(NOT_COMPARED)), step
-    for k in keys:
-      np.testing.assert_allclose(got[step][k], want[step][k], rtol=1e-4, atol=1e-6, err_msg=f"step {step}: {k}")
 
 
 def test_rl_two_processes_train_like_one_and_checkpoints_move_between_process_counts(tmp_path):
@@ -94,7 +75,7 @@ def test_rl_two_processes_train_like_one_and_checkpoints_move_between_process_co
   pair = _run("rl", 2, pair_dir, ["checkpoint.keep_every=1"])  # keeps step 1's checkpoint
   assert all(r["processes"] == 2 and r["devices"] == 8 for r in pair)
   _assert_same_weights(pair_dir, single_dir)
-  _assert_same_metrics(pair_dir, single_dir)
+  assert_same_metrics(pair_dir, single_dir, skip=NOT_COMPARED)
   # Every prompt of every round is generated exactly once, by exactly one process: the same prompts as
   # one process draws, split into equal contiguous shares; the engine, scheduling every process's rows on
   # every process, gives each process the tokens and log-probs one process gets for those rows.
@@ -122,7 +103,7 @@ def test_sft_two_processes_train_like_one(tmp_path):
   pair = _run("sft", 2, tmp_path / "pair")
   assert all(r["processes"] == 2 for r in pair)
   _assert_same_weights(tmp_path / "pair", tmp_path / "single")
-  _assert_same_metrics(tmp_path / "pair", tmp_path / "single")
+  assert_same_metrics(tmp_path / "pair", tmp_path / "single", skip=NOT_COMPARED)
 
 
 def test_killing_one_process_stops_the_other_naming_it(tmp_path):
