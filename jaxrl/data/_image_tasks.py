@@ -392,6 +392,14 @@ class SceneTaskSection:
     except ValueError as e:
       raise ValueError(f"{self._task_key}: {e}") from None
 
+  def records(self, split: Literal["train", "heldout"]) -> list[dict[str, Any]]:
+    """The split's chat records (each task section draws its own)."""
+    raise NotImplementedError
+
+  def write_splits(self, out_dir: str | Path) -> dict[str, Path]:
+    """``train.jsonl`` and ``heldout.jsonl`` of :meth:`records` under ``out_dir`` (images inline)."""
+    return {split: write_jsonl(self.records(split), Path(out_dir) / f"{split}.jsonl") for split in ("train", "heldout")}
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BuiltinImageTask(SceneTaskSection):

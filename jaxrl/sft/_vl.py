@@ -38,9 +38,7 @@ def write_image_task(task: data_lib.BuiltinImageTask | data_lib.BuiltinCaptionTa
   """The built-in image (or caption) task's train and held-out splits as JSONL files under ``out_dir/data``."""
   if jax.process_index():  # every process writes its own (identical) copy
     out_dir = out_dir / "processes" / str(jax.process_index())
-  write = (data_lib.write_caption_task_splits if isinstance(task, data_lib.BuiltinCaptionTask)
-           else data_lib.write_image_task_splits)
-  paths = write(out_dir / "data", n_train=task.n_train, n_heldout=task.n_heldout, seed=task.seed, config=task.task)
+  paths = task.write_splits(out_dir / "data")
   return (str(paths["train"]),), (str(paths["heldout"]),)
 
 
