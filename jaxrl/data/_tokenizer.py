@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import string
 from importlib import resources
+from collections.abc import Sequence
 from pathlib import Path
 
 PAD, UNK, BOS, EOS, IM_START, IM_END = (
@@ -41,13 +42,21 @@ Assistant content and its ``<|im_end|>`` sit inside ``{% generation %}`` markers
 """
 
 
-def build_tiny_tokenizer(out_dir: str | Path, *, model_max_length: int = 4096):
+WORD_PIECES = r" ?[A-Za-z]+| ?\d+|[\s\S]"
+"""How `build_tiny_tokenizer` with ``words`` splits text: a run of letters or of digits with the space before it,
+else one character."""
+
+
+def build_tiny_tokenizer(out_dir: str | Path, *, model_max_length: int = 4096, words: Sequence[str] | None = None):
   """Builds the character-level chat tokenizer and saves it as a Hugging Face tokenizer dir.
 
   Args:
     out_dir: directory to write (``tokenizer.json``, ``tokenizer_config.json``,
       ``chat_template.jinja``).
     model_max_length: the ``model_max_length`` recorded in the config.
+    words: a word-level vocabulary instead of the characters: text splits into `WORD_PIECES` (a word, a
+      number, a character) and a piece not in `words` is ``<|unk|>`` (the tiny CapRL answerer's tokenizer:
+      `jaxrl.rewards.build_caption_answerer_tokenizer`).
 
   Returns:
     The ``transformers.PreTrainedTokenizerFast`` that was saved.
@@ -55,9 +64,12 @@ def build_tiny_tokenizer(out_dir: str | Path, *, model_max_length: int = 4096):
   from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
 
-  vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+  pieces = CHARACTERS if words is None else tuple(dict.fromkeys(words))
+  if words is not None and set(pieces) & set(SPECIAL_TOKENS):
+    raise ValueError("words: must not contain the special tokens")
+  vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + pieces)}
   backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-  backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+  backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]" if words is None else WORD_PIECES), behavior="isolated")
   backend.decoder = decoders.Fuse()
   backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
   tokenizer = PreTrainedTokenizerFast(

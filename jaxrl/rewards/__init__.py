@@ -21,6 +21,15 @@ from jaxrl.rewards._autorubric import (
 )
 from jaxrl.rewards._answerer import ChatFn, as_chat
 from jaxrl.rewards._base import RewardFn, RewardResult, RewardValueError, coerce_reward, load_reward
+from jaxrl.rewards._caption_answerer_task import (
+  COMPACT_TEMPLATE,
+  CaptionAnswerTask,
+  answerer_words,
+  build_caption_answerer_tokenizer,
+  caption_answerer_records,
+  caption_answerer_tokenizer_dir,
+  perturb_caption,
+)
 from jaxrl.rewards._caption_rules import caption_answer, scene_answerer, scene_rubric_check
 from jaxrl.rewards._caprl import (
   CAPRL_QUESTION_TEMPLATE,
@@ -131,6 +140,11 @@ from jaxrl.rewards._sandbox import (
 
 __all__ = [
   "CapRLConfig",
+  "COMPACT_TEMPLATE",
+  "CaptionAnswerTask",
+  "answerer_words",
+  "build_caption_answerer_tokenizer",
+  "caption_answerer_tokenizer_dir",
   "ChatFn",
   "HardFormatConfig",
   "MCQuestion",
@@ -140,6 +154,8 @@ __all__ = [
   "CAPRL_QUESTION_TEMPLATE",
   "caprl_reward",
   "caption_answer",
+  "caption_answerer_records",
+  "perturb_caption",
   "scene_answerer",
   "scene_rubric_check",
   "caption_monitor",

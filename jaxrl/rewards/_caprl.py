@@ -16,11 +16,12 @@ without the image) lives in `jaxrl.eval` (``jaxrl caprl-curate``).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import re
 import string
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -125,18 +126,33 @@ def _listing(options: Sequence[str]) -> str:
   return "\n".join(f"{string.ascii_uppercase[i]}. {o}" for i, o in enumerate(options))
 
 
+def _concurrently(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+  """``[fn(x) for x in items]`` with the calls in flight together (threads): an answerer behind a server sees
+  all of a caption's questions and rounds at once (its client bounds the requests in flight), not one at a
+  time. The first exception propagates."""
+  items = list(items)
+  if len(items) < 2:
+    return [fn(x) for x in items]
+  with cf.ThreadPoolExecutor(len(items), thread_name_prefix="caprl") as pool:
+    return list(pool.map(fn, items))
+
+
 def question_accuracy(chat: Any, q: MCQuestion, *, prompt: str, cfg: CapRLConfig, image_part: Mapping | None = None,
                       unanswerable: str | None = None) -> tuple[float, dict[str, int]]:
   """Accuracy of `chat` on `q` over ``cfg.rounds`` shuffled rounds. `prompt` is formatted with ``question``
   and ``options``; `image_part` (an OpenAI ``image_url`` part) goes before the text when given.
   Returns the accuracy and counts (``correct``, ``unanswerable``: chose the extra option, ``no_letter``)."""
   counts = {"correct": 0, "unanswerable": 0, "no_letter": 0}
-  for n in range(cfg.rounds):
-    opts, right = shuffled_options(q, seed=cfg.seed, round_=n, unanswerable=unanswerable)
-    text = prompt.format(question=q.question, options=_listing(opts))
+  rounds = [shuffled_options(q, seed=cfg.seed, round_=n, unanswerable=unanswerable) for n in range(cfg.rounds)]
+
+  def ask(n: int) -> str:
+    text = prompt.format(question=q.question, options=_listing(rounds[n][0]))
     content: Any = text if image_part is None else [dict(image_part), {"type": "text", "text": text}]
-    reply = chat([{"role": "user", "content": content}], max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                 seed=cfg.seed * 1_000_003 + n)
+    return chat([{"role": "user", "content": content}], max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                seed=cfg.seed * 1_000_003 + n)
+
+  for n, reply in enumerate(_concurrently(ask, range(cfg.rounds))):
+    opts, right = rounds[n]
     letter = first_option_letter(reply, len(opts))
     if letter is None:
       counts["no_letter"] += 1
@@ -163,9 +179,9 @@ def caprl_reward(prompt: str, completion: str, *, questions: Any, answerer: Any 
   chat = as_chat(answerer)
   tmpl = cfg.template.replace("{caption}", completion.replace("{", "{{").replace("}", "}}"))
   per, totals = [], {"unanswerable": 0, "no_letter": 0}
-  for q in qs:
-    acc, counts = question_accuracy(chat, q, prompt=tmpl, cfg=cfg,
-                                    unanswerable=cfg.unanswerable if cfg.add_unanswerable else None)
+  unanswerable = cfg.unanswerable if cfg.add_unanswerable else None
+  for acc, counts in _concurrently(
+      lambda q: question_accuracy(chat, q, prompt=tmpl, cfg=cfg, unanswerable=unanswerable), qs):
     per.append(acc)
     for k in totals:
       totals[k] += counts[k]

@@ -60,8 +60,9 @@ def scene_answerer(messages: Sequence[Mapping[str, Any]], *, max_tokens: int | N
                    temperature: float | None = None, seed: int | None = None) -> str:
   """A `jaxrl.rewards.ChatFn` answering CapRL's prompt (description, question, lettered options) by
   `caption_answer`: the letter of the option equal to the caption's answer; else the letter of the
-  "cannot be answered" option when offered; else ``"none"`` (no letter: scored wrong). Deterministic
-  (``temperature`` and ``seed`` are accepted and unused). Raises ValueError for a prompt of another shape."""
+  "cannot be answered" option (any option saying so) when offered; else ``"none"`` (no letter: scored wrong).
+  Deterministic (``temperature`` and ``seed`` are accepted and unused). Raises ValueError for a prompt of
+  another shape."""
   del max_tokens, temperature, seed
   text = messages[-1]["content"]
   m = _PROMPT_RE.search(text if isinstance(text, str) else "")
@@ -76,7 +77,7 @@ def scene_answerer(messages: Sequence[Mapping[str, Any]], *, max_tokens: int | N
   answer = caption_answer(m.group("caption"), m.group("question"))
   if answer in options:
     return options[answer]
-  unanswerable = [letter for opt, letter in options.items() if opt.startswith("The question cannot be answered")]
+  unanswerable = [letter for opt, letter in options.items() if "cannot be answered" in opt.lower()]
   return unanswerable[0] if unanswerable else "none"
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl import data as data_lib
-from jaxrl import losses, models, sharding, train
+from jaxrl import losses, models, rewards, sharding, train
 from jaxrl import sampling
 from jaxrl.sft import _vl
 
@@ -45,6 +45,9 @@ class SFTData(data_lib.TaskData):
   caption_task: data_lib.BuiltinCaptionTask | None = None
   ("Vision-language models: the built-in caption task (image + \"Describe the image.\" -> the scene's reference "
    "caption), used when `train` is empty: the captioning warm start of the tiny CapRL / RubiCap recipes.")
+  caption_answer_task: rewards.CaptionAnswerTask | None = None
+  ("Text models: CapRL's answerer prompt over the caption task's scenes -> the letter an exact reader of the caption "
+   "gives, used when `train` is empty: the answerer of the tiny CapRL recipe (configs/sft_caprl_answerer_tiny.yaml).")
   images: data_lib.ImageConfig = dataclasses.field(default_factory=data_lib.ImageConfig)
   "Vision-language models: how images become patches (min/max pixels; geometry must match the tower)."
   num_patches: int | None = None
@@ -117,6 +120,8 @@ def _resolve_data(cfg: SFTConfig, out_dir: Path, *, vision: bool) -> tuple[tuple
   for key in ("image_task", "caption_task"):
     if getattr(cfg.data, key) is not None and not vision:
       raise ValueError(f"data.{key}: model {cfg.model.preset or cfg.model.hf_dir!r} has no vision tower")
+  if cfg.data.caption_answer_task is not None and vision:
+    raise ValueError("data.caption_answer_task: trains a text answerer; the model has a vision tower")
   if cfg.data.train:
     return cfg.data.train, cfg.data.heldout
   if vision:
@@ -124,6 +129,9 @@ def _resolve_data(cfg: SFTConfig, out_dir: Path, *, vision: bool) -> tuple[tuple
   b = cfg.data.builtin
   if jax.process_index():  # every process writes its own (identical) copy: no two writers share a file
     out_dir = out_dir / "processes" / str(jax.process_index())
+  if cfg.data.caption_answer_task is not None:
+    paths = cfg.data.caption_answer_task.write_splits(out_dir / "data")
+    return (str(paths["train"]),), (str(paths["heldout"]),)
   paths = data_lib.write_arithmetic_splits(out_dir / "data", n_train=b.n_train, n_heldout=b.n_heldout,
                                            seed=b.seed, config=b.task)
   return (str(paths["train"]),), (str(paths["heldout"]),)

@@ -22,15 +22,27 @@ def shown_options(messages):
   return re.findall(r"^([A-Z])\. (.*)$", text, flags=re.M)
 
 
+def question_index(messages):
+  """Which of QUESTIONS the prompt asks (-1: none of them)."""
+  text = messages[-1]["content"]
+  text = text if isinstance(text, str) else text[-1]["text"]
+  return next((i for i, q in enumerate(QUESTIONS) if q["question"] in text), -1)
+
+
 class Reader:
   """A scripted answerer that reads the caption: it answers the first shown option whose text is a word of
   the description, else the 'cannot be answered' option; so its answer depends on the option order."""
 
   def __init__(self):
-    self.seen = []
+    self._seen = []
+
+  @property
+  def seen(self):
+    """The calls in question order (QUESTIONS), then round order (the seed): caprl_reward asks concurrently."""
+    return sorted(self._seen, key=lambda call: (question_index(call[0]), call[3]))
 
   def __call__(self, messages, *, max_tokens=None, temperature=None, seed=None):
-    self.seen.append((messages, max_tokens, temperature, seed))
+    self._seen.append((messages, max_tokens, temperature, seed))  # list.append is atomic under threads
     body = messages[-1]["content"]
     caption = body.split("Description:\n", 1)[1].split("\n\nQuestion:", 1)[0].lower().split()
     opts = shown_options(messages)
@@ -104,7 +116,8 @@ def test_answers_through_an_openai_compatible_judge_with_a_seed_per_round():
   try:
     judge = {"base_url": srv.url, "max_retries": 0}
     r = rewards.caprl_reward("p", "[[ok:Answer: B]]", questions=QUESTIONS, answerer=judge)
-    bodies = srv.server.config.app.state.bodies
+    # the requests go out concurrently: sorted by question, then round (the seed)
+    bodies = sorted(srv.server.config.app.state.bodies, key=lambda b: (question_index(b["messages"]), b["seed"]))
     assert len(bodies) == 8 and {b["temperature"] for b in bodies} == {0.6} and {b["max_tokens"] for b in bodies} == {8}
     assert len({b["seed"] for b in bodies[:4]}) == 4
     correct = ["red", "three"]

@@ -144,3 +144,18 @@ def test_lr_multipliers_under_lora_resume_like_an_uninterrupted_run(tmp_path):
   assert plain[0] == pytest.approx(straight[0]) and not np.allclose(plain[1:], straight[1:], rtol=1e-4)  # applied
   with pytest.raises(ValueError, match=r"'embed' matches no trainable parameter"):
     sft.SFTTrainer(_cfg(tmp_path / "c", **dict(over, optim={"lr": 3e-3, "lr_multipliers": {"embed": 2.0}})))
+
+
+def test_caption_answer_task_trains_a_text_answerer_on_caprl_prompts(tmp_path):
+  section = {"n_train": 64, "n_heldout": 8, "scenes": 16, "difficulty": 0, "image_size": 56, "max_objects": 1,
+             "shape_scale": 3.0, "answerer": {"template": "Description:\n{caption}\n\nQuestion: {question}\n"
+                                                          "Options:\n{options}\n\nAnswer:"}}
+  cfg = _cfg(tmp_path, steps=2, **{"data.caption_answer_task": section, "packing.seq_len": 256})
+  sft.SFTTrainer(cfg).run()
+  train = [json.loads(line) for line in open(tmp_path / "run" / "data" / "train.jsonl")]
+  assert len(train) == 64 and train[0]["messages"][0]["content"].startswith("Description:\n")
+  assert train[0]["messages"][1]["content"].split()[-1] == train[0]["letter"]
+  vl = {"preset": "tiny_vl", "overrides": {"vocab_size": 128, "vision_start_token_id": 103, "vision_end_token_id": 104,
+                                           "image_token_id": 105, "video_token_id": 106}}
+  with pytest.raises(ValueError, match="data.caption_answer_task: trains a text answerer"):
+    sft.SFTTrainer(_cfg(tmp_path / "vl", model=vl, **{"data.caption_answer_task": section})).run()
