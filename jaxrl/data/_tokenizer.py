@@ -9,8 +9,8 @@ the code that handles a real Hugging Face tokenizer is the code that runs here.
 from __future__ import annotations
 
 import string
-from importlib import resources
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 
 PAD, UNK, BOS, EOS, IM_START, IM_END = (

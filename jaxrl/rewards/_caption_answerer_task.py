@@ -157,7 +157,7 @@ class CaptionAnswerTask(data_lib.SceneTaskSection):
   _key: ClassVar[str] = "data.caption_answer_task"
   _task_key: ClassVar[str] = "data.caption_answer_task"
   n_train: int = 40000
-  "Answerer records (prompt, letter) drawn from ``scenes`` train scenes."
+  "Answerer records (prompt, reply) drawn from ``scenes`` train scenes."
   scenes: int = 2000
   "Distinct caption-task scenes per split to draw the records from."
   answerer: CapRLConfig = dataclasses.field(default_factory=CapRLConfig)

@@ -46,8 +46,9 @@ class SFTData(data_lib.TaskData):
   ("Vision-language models: the built-in caption task (image + \"Describe the image.\" -> the scene's reference "
    "caption), used when `train` is empty: the captioning warm start of the tiny CapRL / RubiCap recipes.")
   caption_answer_task: rewards.CaptionAnswerTask | None = None
-  ("Text models: CapRL's answerer prompt over the caption task's scenes -> the letter an exact reader of the caption "
-   "gives, used when `train` is empty: the answerer of the tiny CapRL recipe (configs/sft_caprl_answerer_tiny.yaml).")
+  ("Text models: CapRL's answerer prompt over the caption task's scenes -> an exact caption reader's reply (the "
+   "asked-about words, the answer, the letter), used when `train` is empty: the answerer of the tiny CapRL recipe "
+   "(configs/sft_caprl_answerer_tiny.yaml).")
   images: data_lib.ImageConfig = dataclasses.field(default_factory=data_lib.ImageConfig)
   "Vision-language models: how images become patches (min/max pixels; geometry must match the tower)."
   num_patches: int | None = None
