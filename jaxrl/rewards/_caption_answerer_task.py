@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxrl import data as data_lib
 from jaxrl.rewards._caprl import CAPTION_TEMPLATE, CapRLConfig, MCQuestion, _listing, parse_questions, shuffled_options
-from jaxrl.rewards._caption_rules import caption_answer, scene_answerer
+from jaxrl.rewards._caption_rules import asked_about, caption_answer, scene_answerer
 
 __all__ = ["COMPACT_TEMPLATE", "CaptionAnswerTask", "answerer_words", "build_caption_answerer_tokenizer",
            "caption_answerer_records", "caption_answerer_tokenizer_dir", "perturb_caption"]
@@ -106,23 +106,6 @@ def perturb_caption(caption: str, rng: np.random.Generator, *, p: float = 0.6) -
   return ""
 
 
-def asked_about(question: str) -> str:
-  """The words of the caption a question turns on, as the caption writes them: the colour (``How many blue
-  shapes``), the kind in the singular (``How many circles`` -> ``circle``), colour and kind (``Is the red square
-  on the left or ...``), ``shapes`` / ``bars`` for the totals, the colour of a bar; else ``""``."""
-  if m := re.fullmatch(rf"How many ({'|'.join(data_lib.COLORS)}) shapes are in the image\?", question):
-    return m.group(1)
-  if m := re.fullmatch(rf"How many ({'|'.join(data_lib.SHAPES)})s are in the image\?", question):
-    return m.group(1)
-  if m := re.fullmatch(r"Is the (\w+ \w+) on the left or on the right of the image\?", question):
-    return m.group(1)
-  if m := re.fullmatch(r"How many (shape|bar)s are in the (?:image|chart)\?", question):
-    return m.group(1) + "s"
-  if m := re.fullmatch(r"What is the value of the (\w+) bar\?", question):
-    return m.group(1)
-  return ""
-
-
 def caption_answerer_records(captions: list[dict[str, Any]], n: int, *, seed: int,
                              config: CapRLConfig | None = None, perturb: float = 0.6) -> list[dict[str, Any]]:
   """``n`` chat records teaching CapRL's answerer prompt (module docstring), drawn from caption-task records
@@ -131,12 +114,12 @@ def caption_answerer_records(captions: list[dict[str, Any]], n: int, *, seed: in
   cfg = CapRLConfig() if config is None else config
   rng = np.random.default_rng(seed)
   unanswerable = cfg.unanswerable if cfg.add_unanswerable else None
+  questions = [parse_questions(rec["questions"]) for rec in captions]  # once per scene, not per draw
   out = []
   for _ in range(n):
-    rec = captions[rng.integers(len(captions))]
-    qs = parse_questions(rec["questions"])
-    q: MCQuestion = qs[rng.integers(len(qs))]
-    caption = perturb_caption(rec["caption"], rng, p=perturb)
+    i = rng.integers(len(captions))
+    q: MCQuestion = questions[i][rng.integers(len(questions[i]))]
+    caption = perturb_caption(captions[i]["caption"], rng, p=perturb)
     opts, _ = shuffled_options(q, seed=int(rng.integers(2**31)), round_=int(rng.integers(cfg.rounds)),
                                unanswerable=unanswerable)
     prompt = cfg.template.format(caption=caption, question=q.question, options=_listing(opts))

@@ -19,7 +19,7 @@ from typing import Any
 
 from jaxrl import data as data_lib
 
-__all__ = ["caption_answer", "scene_answerer", "scene_rubric_check"]
+__all__ = ["asked_about", "caption_answer", "read_question", "scene_answerer", "scene_rubric_check"]
 
 _PROMPT_RE = re.compile(r"Description:\n(?P<caption>.*)\n\nQuestion: (?P<question>.*?)\nOptions:\n(?P<options>.*?)"
                         r"\n\n", re.S)
@@ -32,28 +32,59 @@ def _count(facts: Mapping[str, Any], pred) -> str | None:
   return str(sum(pred(s) for s in facts["shapes"])) if facts["shapes"] else None
 
 
+_QUESTIONS = (
+  ("total", re.compile(r"How many (shape)s are in the image\?|How many (bar)s are in the chart\?")),
+  ("colour_count", re.compile(rf"How many ({_COLOR}) shapes are in the image\?")),
+  ("kind_count", re.compile(rf"How many ({_SHAPE})s are in the image\?")),
+  ("side", re.compile(rf"Is the ({_COLOR}) ({_SHAPE}) on the left or on the right of the image\?")),
+  ("bar_value", re.compile(rf"What is the value of the ({_COLOR}) bar\?")),
+  ("tallest", re.compile(r"Which colour is the tallest bar\?")),
+)
+
+
+def read_question(question: str) -> tuple[str, tuple[str, ...]]:
+  """Which of the caption task's questions (`jaxrl.data.scene_questions`) `question` is, and its words:
+  ``("total", ("shape",))``, ``("colour_count", ("red",))``, ``("kind_count", ("circle",))``, ``("side", ("red",
+  "square"))``, ``("bar_value", ("blue",))``, ``("tallest", ())``. Raises ValueError for another question."""
+  q = question.strip()
+  for kind, pattern in _QUESTIONS:
+    if m := pattern.fullmatch(q):
+      return kind, tuple(g for g in m.groups() if g is not None)
+  raise ValueError(f"{question!r} is not a question of the built-in caption task")
+
+
 def caption_answer(caption: str, question: str) -> str | None:
   """The answer the caption gives to one of the caption task's questions (`jaxrl.data.scene_questions`), as
   the option text (``"2"``, ``"left"``, ``"red"``), or None when the caption does not settle it. Raises
   ValueError for a question outside the task's set."""
+  try:
+    kind, words = read_question(question)
+  except ValueError as e:
+    raise ValueError(f"caption_answer: {e}") from None
   f = data_lib.parse_caption(caption)
-  q = question.strip()
-  if q in ("How many shapes are in the image?", "How many bars are in the chart?"):
-    items = f["bars"] if "bars" in q else f["shapes"]
+  if kind == "total":
+    items = f["bars"] if words == ("bar",) else f["shapes"]
     return str(f["total"]) if f["total"] is not None else (str(len(items)) if items else None)
-  if m := re.fullmatch(rf"How many ({_COLOR}) shapes are in the image\?", q):
-    return _count(f, lambda s: s[0] == m.group(1))
-  if m := re.fullmatch(rf"How many ({_SHAPE})s are in the image\?", q):
-    return _count(f, lambda s: s[1] == m.group(1))
-  if m := re.fullmatch(rf"Is the ({_COLOR}) ({_SHAPE}) on the left or on the right of the image\?", q):
-    sides = [s[2] for s in f["shapes"] if s[:2] == (m.group(1), m.group(2))]
+  if kind == "colour_count":
+    return _count(f, lambda s: s[0] == words[0])
+  if kind == "kind_count":
+    return _count(f, lambda s: s[1] == words[0])
+  if kind == "side":
+    sides = [s[2] for s in f["shapes"] if s[:2] == words]
     return sides[0] if sides else None
-  if m := re.fullmatch(rf"What is the value of the ({_COLOR}) bar\?", q):
-    values = [v for c, v in f["bars"] if c == m.group(1)]
+  if kind == "bar_value":
+    values = [v for c, v in f["bars"] if c == words[0]]
     return str(values[0]) if values else None
-  if q == "Which colour is the tallest bar?":
-    return max(f["bars"], key=lambda b: b[1])[0] if f["bars"] else None
-  raise ValueError(f"caption_answer: {question!r} is not a question of the built-in caption task")
+  return max(f["bars"], key=lambda b: b[1])[0] if f["bars"] else None  # tallest
+
+
+def asked_about(question: str) -> str:
+  """The words of the caption a question turns on, as the caption writes them: the colour (``How many blue
+  shapes``), the kind in the singular (``How many circles`` -> ``circle``), colour and kind (``Is the red square
+  on the left or ...``), ``shapes`` / ``bars`` for the totals, the colour of a bar; ``""`` for the tallest bar.
+  Raises ValueError for a question outside the task's set."""
+  kind, words = read_question(question)
+  return words[0] + "s" if kind == "total" else " ".join(words)
 
 
 def scene_answerer(messages: Sequence[Mapping[str, Any]], *, max_tokens: int | None = None,
