@@ -137,30 +137,54 @@ def _concurrently(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
     return list(pool.map(fn, items))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Round:
+  """One shuffled round of a question: the answerer's messages, its sampling seed, the options shown and the
+  index of the correct one."""
+
+  messages: list[dict[str, Any]]
+  seed: int
+  options: list[str]
+  right: int
+
+
+def _rounds(q: MCQuestion, *, prompt: str, cfg: CapRLConfig, image_part: Mapping | None,
+            unanswerable: str | None) -> list[_Round]:
+  out = []
+  for n in range(cfg.rounds):
+    opts, right = shuffled_options(q, seed=cfg.seed, round_=n, unanswerable=unanswerable)
+    text = prompt.format(question=q.question, options=_listing(opts))
+    content: Any = text if image_part is None else [dict(image_part), {"type": "text", "text": text}]
+    out.append(_Round([{"role": "user", "content": content}], cfg.seed * 1_000_003 + n, opts, right))
+  return out
+
+
+def _ask(chat: Any, rounds: Sequence[_Round], cfg: CapRLConfig) -> list[str]:
+  """The answerer's replies to `rounds`, all in flight together."""
+  return _concurrently(lambda r: chat(r.messages, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                                      seed=r.seed), rounds)
+
+
+def _tally(rounds: Sequence[_Round], replies: Sequence[str], unanswerable: str | None) -> tuple[float, dict[str, int]]:
+  counts = {"correct": 0, "unanswerable": 0, "no_letter": 0}
+  for r, reply in zip(rounds, replies, strict=True):
+    letter = first_option_letter(reply, len(r.options))
+    if letter is None:
+      counts["no_letter"] += 1
+      continue
+    idx = ord(letter) - ord("A")
+    counts["correct"] += idx == r.right
+    counts["unanswerable"] += unanswerable is not None and r.options[idx] == unanswerable
+  return counts["correct"] / len(rounds), counts
+
+
 def question_accuracy(chat: Any, q: MCQuestion, *, prompt: str, cfg: CapRLConfig, image_part: Mapping | None = None,
                       unanswerable: str | None = None) -> tuple[float, dict[str, int]]:
   """Accuracy of `chat` on `q` over ``cfg.rounds`` shuffled rounds. `prompt` is formatted with ``question``
   and ``options``; `image_part` (an OpenAI ``image_url`` part) goes before the text when given.
   Returns the accuracy and counts (``correct``, ``unanswerable``: chose the extra option, ``no_letter``)."""
-  counts = {"correct": 0, "unanswerable": 0, "no_letter": 0}
-  rounds = [shuffled_options(q, seed=cfg.seed, round_=n, unanswerable=unanswerable) for n in range(cfg.rounds)]
-
-  def ask(n: int) -> str:
-    text = prompt.format(question=q.question, options=_listing(rounds[n][0]))
-    content: Any = text if image_part is None else [dict(image_part), {"type": "text", "text": text}]
-    return chat([{"role": "user", "content": content}], max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                seed=cfg.seed * 1_000_003 + n)
-
-  for n, reply in enumerate(_concurrently(ask, range(cfg.rounds))):
-    opts, right = rounds[n]
-    letter = first_option_letter(reply, len(opts))
-    if letter is None:
-      counts["no_letter"] += 1
-      continue
-    idx = ord(letter) - ord("A")
-    counts["correct"] += idx == right
-    counts["unanswerable"] += unanswerable is not None and opts[idx] == unanswerable
-  return counts["correct"] / cfg.rounds, counts
+  rounds = _rounds(q, prompt=prompt, cfg=cfg, image_part=image_part, unanswerable=unanswerable)
+  return _tally(rounds, _ask(chat, rounds, cfg), unanswerable)
 
 
 def caprl_reward(prompt: str, completion: str, *, questions: Any, answerer: Any = None,
@@ -180,8 +204,10 @@ def caprl_reward(prompt: str, completion: str, *, questions: Any, answerer: Any 
   tmpl = cfg.template.replace("{caption}", completion.replace("{", "{{").replace("}", "}}"))
   per, totals = [], {"unanswerable": 0, "no_letter": 0}
   unanswerable = cfg.unanswerable if cfg.add_unanswerable else None
-  for acc, counts in _concurrently(
-      lambda q: question_accuracy(chat, q, prompt=tmpl, cfg=cfg, unanswerable=unanswerable), qs):
+  rounds = [_rounds(q, prompt=tmpl, cfg=cfg, image_part=None, unanswerable=unanswerable) for q in qs]
+  replies = iter(_ask(chat, [r for rs in rounds for r in rs], cfg))  # every question and round in one batch
+  for rs in rounds:
+    acc, counts = _tally(rs, [next(replies) for _ in rs], unanswerable)
     per.append(acc)
     for k in totals:
       totals[k] += counts[k]
