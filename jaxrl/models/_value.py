@@ -31,6 +31,10 @@ class ValueModel(nnx.Module):
     """``V [B, T]`` float32; a VLM trunk takes ``rope_positions [B, T, 3]`` and per-row ``images``."""
     h = self.trunk(tokens, positions=positions, segment_ids=segment_ids, rope_positions=rope_positions,
                    images=images, return_hidden=True)  # [B, T, D]
+    return self.head(h)
+
+  def head(self, h: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T] float32
+    """``h · w + b``, the scalar head on final normed hidden states."""
     with jax.named_scope("value_head"):
       v = jnp.einsum("btd,d->bt", h, self.value_head[...].astype(h.dtype), preferred_element_type=jnp.float32)
     return v + self.value_bias[...]

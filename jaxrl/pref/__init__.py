@@ -34,12 +34,14 @@ from jaxrl.pref._prm import (
 from jaxrl.pref._rm import (
     POOLINGS,
     REWARD_HEAD_FILE,
+    LogProbValueModel,
     RewardModel,
     export_reward_model,
     last_token_mask,
     load_reward_model,
     reward_model_score,
     reward_pooling,
+    reward_value_model,
     sequence_scores,
 )
 from jaxrl.pref._trainer import (
@@ -66,6 +68,7 @@ __all__ = [
     "POOLINGS",
     "REJECTED_KINDS",
     "REWARD_HEAD_FILE",
+    "LogProbValueModel",
     "RewardModel",
     "DPOConfig",
     "ImplicitPRM",
@@ -96,6 +99,7 @@ __all__ = [
     "reference_logps",
     "reward_model_score",
     "reward_pooling",
+    "reward_value_model",
     "rm_loss_fn",
     "sampled_pairs",
     "sequence_scores",

@@ -13,6 +13,11 @@ have) plus :data:`REWARD_HEAD_FILE`, a safetensors file with ``score.weight`` ``
 ``[1]`` (float32; the names of ``transformers``' ``*ForSequenceClassification`` head, which has no bias):
 ``r = h_last · score.weight[0] + score.bias[0]``; the file's metadata ``pooling`` (absent: ``last``) says
 which positions are read.
+
+With ``logprob_feature`` (:class:`LogProbValueModel`) the reward model keeps its trunk's unembedding and the
+value at each position adds ``α·log π(next token)``: with ``mean`` pooling the score is the head's mean plus
+``α`` times the trunk's length-normalised log-likelihood of the answer. Its export adds ``lm_head.weight`` (an
+untied trunk) and ``score.logprob_scale`` ``[1]`` (``α``) to the head's file.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl import data as data_lib
-from jaxrl import models, sharding
+from jaxrl import losses, models, sharding
 from jaxrl.pref._data import answer_messages
 from jaxrl.pref._scoring import ProcessBatches
 
@@ -79,6 +84,41 @@ def sequence_scores(values: jax.Array, seq_ids: jax.Array, num_sequences: int, *
   return total / jnp.maximum(count, 1.0)
 
 
+class LogProbValueModel(models.ValueModel):
+  """A reward model whose value at position ``t`` is the head's plus ``α·log π(tokens[t+1] | tokens[≤t])``, the
+  trunk's own log-prob of the next token (it keeps its unembedding; ``α`` a learnt scalar, starting at
+  ``logprob_scale``).
+
+  Read with ``pooling="mean"`` (the positions whose next token is an answer token of the same sequence) a
+  sequence's score is ``mean_t(h_t·w + b) + α·(1/|y|)·Σ_t log π(y_t | x, y_<t)``: the head plus SimPO's
+  length-normalised log-likelihood (Meng et al. 2024, with ``β = α``), the reward a model trained on good answers
+  already carries. With the head at zero it ranks pairs as its start model's likelihood does, and training moves
+  the head, ``α`` and the trunk together. The token after a row's last position is taken as 0 and a sequence's
+  last token is followed by the next sequence's first; the mean over the answer reads neither.
+  """
+
+  def __init__(self, trunk, *, logprob_scale: float = 1.0, chunk_size: int = 1024):
+    unembedding = trunk.lm_head  # None when tied: the embedding unembeds
+    super().__init__(trunk)
+    trunk.lm_head = unembedding
+    self.logprob_scale = nnx.Param(jnp.asarray(logprob_scale, jnp.float32))
+    self.chunk_size = chunk_size  # tokens per chunk of the log-softmax (jaxrl.losses.token_logprobs)
+
+  def __call__(self, tokens: jax.Array, *, positions: jax.Array, segment_ids: jax.Array,
+               rope_positions: jax.Array | None = None, images=None) -> jax.Array:  # [B, T] float32
+    h = self.trunk(tokens, positions=positions, segment_ids=segment_ids, rope_positions=rope_positions,
+                   images=images, return_hidden=True)  # [B, T, D]
+    following = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)  # [B, T]
+    logp = losses.token_logprobs(h, self.trunk.unembed_matrix(), following, chunk_size=self.chunk_size)  # [B, T]
+    return self.head(h) + self.logprob_scale[...] * logp
+
+
+def reward_value_model(trunk, *, logprob_feature: bool = False, chunk_size: int = 1024) -> models.ValueModel:
+  """The reward model on ``trunk`` with a zero head: :class:`jaxrl.models.ValueModel`, or with
+  ``logprob_feature`` :class:`LogProbValueModel` (its log-softmax in chunks of ``chunk_size`` tokens)."""
+  return LogProbValueModel(trunk, chunk_size=chunk_size) if logprob_feature else models.ValueModel(trunk)
+
+
 def export_reward_model(vm: models.ValueModel, path: str | Path, *, tokenizer=None, pooling: str = "last") -> Path:
   """Writes the trunk (HF directory) and :data:`REWARD_HEAD_FILE` (with its ``pooling``) under ``path``; returns
   the head's path."""
@@ -86,10 +126,12 @@ def export_reward_model(vm: models.ValueModel, path: str | Path, *, tokenizer=No
 
   path = Path(path)
   models.save_pretrained(vm.trunk, path, tokenizer=tokenizer)
-  head = sharding.to_host({"w": vm.value_head[...], "b": vm.value_bias[...]})
+  head = {"score.weight": vm.value_head[...].reshape(1, -1), "score.bias": vm.value_bias[...].reshape(1)}
+  if isinstance(vm, LogProbValueModel):
+    head["score.logprob_scale"] = vm.logprob_scale[...].reshape(1)
+  head = sharding.to_host(head)
   if jax.process_index() == 0:
-    save_file({"score.weight": np.asarray(head["w"], np.float32).reshape(1, -1),
-               "score.bias": np.asarray(head["b"], np.float32).reshape(1)}, str(path / REWARD_HEAD_FILE),
+    save_file({k: np.asarray(v, np.float32) for k, v in head.items()}, str(path / REWARD_HEAD_FILE),
               metadata={"pooling": check_pooling(pooling)})
   return path / REWARD_HEAD_FILE
 
@@ -108,14 +150,20 @@ def load_reward_model(path: str | Path, *, mesh=None, rules=None, dtype: str | N
   if not head_path.is_file():
     raise FileNotFoundError(f"{head_path}: no reward head; a reward-model directory is the out_dir/hf of "
                             "`jaxrl dpo` with loss.name: bradley_terry (docs/pref.md)")
-  # The trunk has no unembedding; tying it makes the loader not ask for lm_head.weight.
-  vm = models.ValueModel(models.load_pretrained(path, mesh=mesh, rules=rules, dtype=dtype, tie_word_embeddings=True))
   head = load_file(str(head_path))
+  scale = head.get("score.logprob_scale")
+  if scale is None:  # the trunk has no unembedding; tying it makes the loader not ask for lm_head.weight
+    vm = models.ValueModel(models.load_pretrained(path, mesh=mesh, rules=rules, dtype=dtype,
+                                                  tie_word_embeddings=True))
+  else:
+    vm = LogProbValueModel(models.load_pretrained(path, mesh=mesh, rules=rules, dtype=dtype),
+                           logprob_scale=float(np.asarray(scale).reshape(-1)[0]))
   d = vm.trunk.cfg.hidden_size
   w, b = head.get("score.weight"), head.get("score.bias")
-  if w is None or b is None or w.shape != (1, d) or b.shape != (1,):
-    raise ValueError(f"{head_path}: want score.weight [1, {d}] and score.bias [1], got "
-                     f"{ {k: list(v.shape) for k, v in head.items()} }")
+  if (w is None or b is None or w.shape != (1, d) or b.shape != (1,)
+      or (scale is not None and scale.shape != (1,))):
+    raise ValueError(f"{head_path}: want score.weight [1, {d}], score.bias [1] (and score.logprob_scale [1]), "
+                     f"got { {k: list(v.shape) for k, v in head.items()} }")
   vm.value_head[...] = jnp.asarray(w[0], jnp.float32)
   vm.value_bias[...] = jnp.asarray(b[0], jnp.float32)
   return models.place_value_model(vm, mesh=mesh, rules=rules)

@@ -29,7 +29,7 @@ from flax import nnx
 from jaxrl import data as data_lib
 from jaxrl import losses, models, sharding, train
 from jaxrl.pref._data import Pair, PairStream, pair_batch, read_kto_units, read_pairs, write_builtin_pairs
-from jaxrl.pref._rm import check_pooling, export_reward_model, sequence_scores
+from jaxrl.pref._rm import check_pooling, export_reward_model, reward_value_model, sequence_scores
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,6 +65,10 @@ class PrefLoss(train.ChunkedLoss):
   pooling: str = "last"
   ("bradley_terry: where a sequence's reward is read, last (the head at its last token, TRL's) or mean (the "
    "head's mean over the answer's positions); saved with the exported head (jaxrl.pref.sequence_scores).")
+  logprob_feature: bool = False
+  ("bradley_terry with pooling: mean: the reward model keeps its trunk's unembedding and adds α·log π(next "
+   "token) to the head at each position, so a score is the head's mean plus α times the answer's "
+   "length-normalised log-likelihood under the trunk (α learnt, starting at 1; jaxrl.pref.LogProbValueModel).")
   desirable_weight: float = 1.0
   "kto: λ_D, the weight of desirable completions' losses."
   undesirable_weight: float = 1.0
@@ -100,6 +104,10 @@ class PrefLoss(train.ChunkedLoss):
     check_pooling(self.pooling, "loss.pooling")
     if self.pooling != "last" and not self.reward_model:
       raise ValueError(f"loss.pooling applies to loss.name: bradley_terry only, not {self.name!r}")
+    if self.logprob_feature and (not self.reward_model or self.pooling != "mean"):
+      raise ValueError("loss.logprob_feature applies to loss.name: bradley_terry with loss.pooling: mean "
+                       f"(got {self.name!r}, pooling {self.pooling!r}): the log-prob of a position's next token "
+                       "is read over the answer")
 
   @property
   def reward_model(self) -> bool:
@@ -302,8 +310,11 @@ class DPOTrainer(train.PackedTrainer):
     self._rows = sharding.process_slice(cfg.packing.global_rows)  # this process's rows of each batch
     self._pairs = sharding.process_slice(cfg.pairs)  # and its pairs
     self._build_model()
-    if cfg.loss.reward_model:  # the trunk with the critic's scalar head (zero: every reward 0 at step 0)
-      self.model = models.place_value_model(models.ValueModel(self.model), mesh=self.mesh, rules=self.rules)
+    if cfg.loss.reward_model:  # the trunk with the critic's scalar head at zero (step 0: every reward 0, or the
+      # trunk's length-normalised log-likelihood with the log-prob feature)
+      self.model = models.place_value_model(reward_value_model(self.model, logprob_feature=cfg.loss.logprob_feature,
+                                                               chunk_size=cfg.loss.chunk_size),
+                                            mesh=self.mesh, rules=self.rules)
     self.skips = data_lib.SkipReport()
     self.train_pairs, self.heldout_pairs = self._load_pairs()
     self._build_state()

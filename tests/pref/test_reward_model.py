@@ -62,37 +62,54 @@ def test_bradley_terry_loss_matches_float64_numpy_with_margin_and_centring():
   np.testing.assert_array_equal(np.asarray(metrics["accuracy"]), (rc > rr).astype(np.float32))
 
 
-def _random_head_rm(seed=0):
-  """A tiny reward model with a random (non-zero) head, so rewards and trunk gradients are not trivial."""
-  vm = models.ValueModel(models.ModelSource(**TINY).build())
+def _random_head_rm(seed=0, logprob_feature=False):
+  """A tiny reward model with a random (non-zero) head (and log-prob scale 0.7), so rewards and trunk gradients
+  are not trivial."""
+  vm = pref.reward_value_model(models.ModelSource(**TINY).build(), logprob_feature=logprob_feature)
   rng = np.random.default_rng(seed)
   vm.value_head[...] = jnp.asarray(rng.normal(0, 1.0, vm.value_head[...].shape), jnp.float32)
   vm.value_bias[...] = jnp.asarray(0.3, jnp.float32)
+  if logprob_feature:
+    vm.logprob_scale[...] = jnp.asarray(0.7, jnp.float32)
   return vm
 
 
 def _unpacked_scores(vm, seqs, pooling="last"):
   """Each sequence alone in a ``[1, L]`` row; its reward is the head at its last position, or (``mean``) the
-  float64 mean of the head over the positions whose next token is an answer token."""
+  float64 mean of the head over the positions whose next token is an answer token; a
+  :class:`jaxrl.pref.LogProbValueModel` adds ``α`` times the float64 mean over those positions of the trunk's
+  log-softmax (from its own logits) at the next token."""
   out = []
   for s in seqs:
     tok = jnp.asarray(s["tokens"], jnp.int32)[None]
-    v = np.asarray(vm(tok, positions=jnp.arange(tok.shape[1])[None], segment_ids=jnp.ones_like(tok))[0], np.float64)
+    pos, seg = jnp.arange(tok.shape[1])[None], jnp.ones_like(tok)
+    h = np.asarray(vm.trunk(tok, positions=pos, segment_ids=seg, return_hidden=True)[0], np.float64)  # [L, D]
+    v = h @ np.asarray(vm.value_head[...], np.float64) + float(vm.value_bias[...])
     before_answer = np.asarray(s["loss_mask"], bool)[1:]  # position t: token t + 1 is an answer token
+    if isinstance(vm, pref.LogProbValueModel):  # position t: log π(token t + 1); the last position is never read
+      z = np.asarray(vm.trunk(tok, positions=pos, segment_ids=seg)[0], np.float64)[:-1]  # [L-1, V] logits
+      zmax = z.max(-1)
+      logp = z[np.arange(len(z)), s["tokens"][1:]] - zmax - np.log(np.exp(z - zmax[:, None]).sum(-1))
+      v[:-1] += float(vm.logprob_scale[...]) * logp
     out.append(v[-1] if pooling == "last" else v[:-1][before_answer].mean())
   return np.asarray(out, np.float64)
 
 
-@pytest.mark.parametrize("pooling", pref.POOLINGS)
-def test_packing_two_ways_gives_the_same_loss_and_gradients_and_the_unpacked_scores(tokenizer, pooling):
+RM_KINDS = [("last", False), ("mean", False), ("mean", True)]
+"""(pooling, logprob_feature) of the reward models the tests cover."""
+
+
+@pytest.mark.parametrize("pooling,logprob_feature", RM_KINDS)
+def test_packing_two_ways_gives_the_same_loss_and_gradients_and_the_unpacked_scores(tokenizer, pooling,
+                                                                                   logprob_feature):
   """8 pairs (with margins) packed tightly into 4 rows of 256 vs one sequence per row in 16 rows of 96: the
   loss and every gradient agree, and the loss equals float64 numpy on each sequence scored alone (its last
-  token, or its mean over the answer)."""
-  vm = _random_head_rm()
+  token, or its mean over the answer, with or without the log-prob feature)."""
+  vm = _random_head_rm(logprob_feature=logprob_feature)
   graphdef, params = nnx.split(vm)
   records = _records(8)
   pairs = [pref.encode_pair(tokenizer, dict(r, margin=0.25 * i), f"pairs:{i}") for i, r in enumerate(records)]
-  loss_cfg = pref.PrefLoss(name="bradley_terry", center_coef=0.05, pooling=pooling)
+  loss_cfg = pref.PrefLoss(name="bradley_terry", center_coef=0.05, pooling=pooling, logprob_feature=logprob_feature)
   loss_fn = pref.rm_loss_fn(graphdef, loss_cfg)
   grad = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, pref.pref_prepare(b))[0]))
   out = []
@@ -142,17 +159,25 @@ def test_step_loss_equals_numpy_on_unpacked_sequences_and_resume_is_bitwise(tmp_
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("pooling", pref.POOLINGS)
-def test_export_and_the_batched_scorer_equal_a_direct_forward(tmp_path, tokenizer, pooling):
+@pytest.mark.parametrize("pooling,logprob_feature", RM_KINDS)
+def test_export_and_the_batched_scorer_equal_a_direct_forward(tmp_path, tokenizer, pooling, logprob_feature):
   """The exported trunk + head, loaded by :class:`jaxrl.pref.RewardModel`, scores (prompt, completion) batches
   (several packed batches of 8 rows) as the trained model does on each sequence alone; the export keeps the
-  pooling."""
+  pooling and the log-prob feature (its trained scale and the trunk's unembedding)."""
   trainer = pref.DPOTrainer(_cfg(tmp_path, steps=3, export_hf=True,
-                                 loss={"name": "bradley_terry", "center_coef": 0.05, "pooling": pooling}))
+                                 loss={"name": "bradley_terry", "center_coef": 0.05, "pooling": pooling,
+                                       "logprob_feature": logprob_feature}))
   out = trainer.run()
   head = out["reward_head"]
   assert head.endswith(pref.REWARD_HEAD_FILE)
   vm = trainer.current_model()
+  assert isinstance(vm, pref.LogProbValueModel) == logprob_feature
+  loaded = pref.load_reward_model(out["hf_dir"])
+  assert type(loaded) is type(vm)
+  if logprob_feature:
+    assert float(vm.logprob_scale[...]) != 1.0  # trained
+    assert float(loaded.logprob_scale[...]) == float(vm.logprob_scale[...])
+    np.testing.assert_array_equal(np.asarray(loaded.trunk.unembed_matrix()), np.asarray(vm.trunk.unembed_matrix()))
   records = _records(40, seed=9)
   prompts = [r["prompt"] for r in records] + [[{"role": "user", "content": r["prompt"]}] for r in records[:4]]
   completions = [r["chosen"] if i % 2 else r["rejected"] for i, r in enumerate(records)] + [
@@ -184,6 +209,11 @@ def test_config_errors_name_the_key(tmp_path):
     _cfg(tmp_path, loss={"name": "sigmoid", "pooling": "mean"}, reference="model")
   with pytest.raises(ValueError, match=r"loss.pooling must be one of \['last', 'mean'\], got 'max'"):
     _cfg(tmp_path, loss={"name": "bradley_terry", "pooling": "max"})
+  with pytest.raises(ValueError, match="loss.logprob_feature applies to loss.name: bradley_terry with "
+                                       "loss.pooling: mean"):
+    _cfg(tmp_path, loss={"name": "bradley_terry", "logprob_feature": True})
+  with pytest.raises(ValueError, match="loss.logprob_feature applies"):
+    _cfg(tmp_path, loss={"name": "sigmoid", "logprob_feature": True}, reference="model")
   with pytest.raises(ValueError, match="LoRA is not supported for reward models"):
     _cfg(tmp_path, lora={"rank": 4, "alpha": 8.0})
 

@@ -10,15 +10,20 @@ from jaxrl import data as data_lib
 from jaxrl import models, pref, rl
 
 
-@pytest.fixture(scope="module")
-def rm_dir(tmp_path_factory):
-  """An exported reward model (tiny trunk, random head) and the model itself."""
-  vm = models.ValueModel(models.ModelSource(**TINY).build())
+@pytest.fixture(scope="module", params=[False, True], ids=["last", "mean-logprob"])
+def rm_dir(request, tmp_path_factory):
+  """An exported reward model (tiny trunk, random head; read at the last token, or with the log-prob feature at
+  α = 0.5 averaged over the answer) and the model itself."""
+  logprob = request.param
+  vm = pref.reward_value_model(models.ModelSource(**TINY).build(), logprob_feature=logprob)
   rng = np.random.default_rng(1)
   vm.value_head[...] = jnp.asarray(rng.normal(0, 1.0, vm.value_head[...].shape), jnp.float32)
   vm.value_bias[...] = jnp.asarray(-0.2, jnp.float32)
+  if logprob:
+    vm.logprob_scale[...] = jnp.asarray(0.5, jnp.float32)
   path = tmp_path_factory.mktemp("rm") / "hf"
-  pref.export_reward_model(vm, path, tokenizer=models.load_tokenizer(data_lib.tiny_tokenizer_dir()))
+  pref.export_reward_model(vm, path, tokenizer=models.load_tokenizer(data_lib.tiny_tokenizer_dir()),
+                           pooling="mean" if logprob else "last")
   return path, vm
 
 
@@ -38,8 +43,11 @@ def test_rl_rewards_are_the_reward_model_scores_of_a_direct_forward(tmp_path, rm
     record = prompts.records[idx[k // n]]  # built-in: [user, assistant]; the user turn is the prompt
     assert [m["role"] for m in record["messages"]] == ["user", "assistant"]
     messages = pref.answer_messages(record["messages"][0]["content"], text)
-    ids = jnp.asarray(data_lib.encode_chat(tok, messages)["tokens"], jnp.int32)[None]
-    want.append(float(vm(ids, positions=jnp.arange(ids.shape[1])[None], segment_ids=jnp.ones_like(ids))[0, -1]))
+    seq = data_lib.encode_chat(tok, messages)
+    ids = jnp.asarray(seq["tokens"], jnp.int32)[None]
+    v = np.asarray(vm(ids, positions=jnp.arange(ids.shape[1])[None], segment_ids=jnp.ones_like(ids))[0], np.float64)
+    before_answer = np.asarray(seq["loss_mask"], bool)[1:]  # position t: token t + 1 is an answer token
+    want.append(v[:-1][before_answer].mean() if isinstance(vm, pref.LogProbValueModel) else v[-1])
   assert np.std(want) > 1e-3
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
