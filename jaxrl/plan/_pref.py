@@ -6,6 +6,10 @@
 * ``reference_logps``: the reference's log-prob program (:func:`jaxrl.pref.reference_logps`) on one global
   batch, what ``reference: precompute`` runs over every pair before training.
 
+A reward-model recipe (``loss.name: bradley_terry``) plans its ``train_step`` over
+:func:`jaxrl.pref.rm_loss_fn` on the trunk with the scalar head (:func:`jaxrl.pref.reward_value_model`, with the
+unembedding under ``loss.logprob_feature``); it has no reference.
+
 A preference recipe is a YAML with a top-level ``pairs:`` key; its ``plan:`` section (targets, preset,
 per-target overrides) is read as the RL recipes' (:class:`jaxrl.rl.PlanSection`).
 """
@@ -71,12 +75,14 @@ def _model_config(cfg: pref.DPOConfig, attention: str, layers: int | None) -> mo
 
 def pref_programs(cfg: pref.DPOConfig, devices, mc: models.ModelConfig, names: tuple[str, ...]) -> list[Program]:
   """The abstract train state, batch and reference copy of ``cfg`` on ``devices``, and its programs."""
-  if cfg.lora is not None or cfg.loss.reward_model:
-    raise ValueError("plan: LoRA and reward-model preference recipes are not planned yet; remove `lora:` or "
-                     "use a DPO-family loss")
+  if cfg.lora is not None:
+    raise ValueError("plan: LoRA preference recipes are not planned yet; remove `lora:`")
   mesh = sharding.make_mesh(cfg.mesh.shape, devices=devices)
   rules = cfg.mesh.logical_rules()
-  graphdef, state = nnx.split(models.abstract_model(mc, mesh=mesh, rules=rules))
+  model = models.abstract_model(mc, mesh=mesh, rules=rules)
+  if cfg.loss.reward_model:  # the trunk and the scalar head (and, with the log-prob feature, the unembedding)
+    model = pref.reward_value_model(model, logprob_feature=cfg.loss.logprob_feature, chunk_size=cfg.loss.chunk_size)
+  graphdef, state = nnx.split(model)
   params = abstract(state, models.state_shardings(state, mesh, rules))
   optimizer = train.make_optimizer(cfg.optim, cfg.steps)
   train_state = abstract_train_state(params, optimizer, mesh)
@@ -90,17 +96,24 @@ def pref_programs(cfg: pref.DPOConfig, devices, mc: models.ModelConfig, names: t
             f"rows x {cfg.packing.seq_len} tokens")
   out = []
   if "train" in names:
-    step = train.make_train_step(pref.pref_loss_fn(graphdef, cfg.loss, reference), optimizer,
+    loss_fn = (pref.rm_loss_fn(graphdef, cfg.loss) if cfg.loss.reward_model
+               else pref.pref_loss_fn(graphdef, cfg.loss, reference))
+    step = train.make_train_step(loss_fn, optimizer,
                                  micro_batches=cfg.micro_batches, mesh=mesh, rules=rules,
                                  schedule=train.make_schedule(cfg.optim, cfg.steps), prepare=pref.pref_prepare,
                                  compute_view=lambda p: models.compute_view(p, mc.dtype))
     flops = mc.flops_per_token(cfg.packing.seq_len, training=True) * tokens + (fwd if reference == "copy" else 0)
+    if cfg.loss.reward_model and not cfg.loss.logprob_feature:  # no output projection: the scalar head instead
+      flops -= 6.0 * mc.vocab_size * mc.hidden_size * tokens
     out.append(Program(name="train_step", fn=step, args=(train_state, batch, *ref_inputs), kwargs={},
                        parts={"params": (train_state.params, ref_inputs), "opt_state": train_state.opt_state,
                               "batch": (batch, train_state.step, train_state.skipped)}, flops=flops,
                        note=layout + {"copy": "; the reference's forward inside (a frozen compute-dtype copy)",
                                       "batch": "; reference log-probs precomputed (batch inputs)",
-                                      "none": "; no reference"}[reference]))
+                                      "none": "; no reference"}[reference]
+                       + ("; a reward model (trunk + scalar head" + (" + the log-prob feature's unembedding)"
+                                                                   if cfg.loss.logprob_feature else ")")
+                          if cfg.loss.reward_model else "")))
   if "reference" in names and ref_copy is not None:
     fn = jax.jit(pref.reference_logps(graphdef, cfg.loss.chunk_size, lora=False))
     out.append(Program(name="reference_logps", fn=fn, args=(ref_copy, batch), kwargs={},

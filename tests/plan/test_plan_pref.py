@@ -96,3 +96,46 @@ def test_dpo_7b_recipe_compiles_and_fits_h100x8():
   for r in result.rows:
     assert r.status == "ok" and r.headroom >= 0.10, plan.format_plan(result)
     assert r.peak >= shapes[r.program].params + shapes[r.program].opt_state, (r, shapes[r.program])
+
+
+@pytest.mark.parametrize("logprob_feature", [False, True])
+def test_tiny_reward_model_recipe_compiles_and_accounts_its_inputs(logprob_feature):
+  """configs/rm_tiny.yaml on the CPU: one train step (no reference), compiled; it holds the trunk without its
+  unembedding plus the scalar head (with the log-prob feature: the whole model plus the head and α), and Adam's two
+  moments of the same; its model FLOPs leave out the output projection only without the feature."""
+  over = ["loss.pooling=mean", "loss.logprob_feature=true"] if logprob_feature else []
+  cfg = plan.load_recipe(str(CONFIGS / "rm_tiny.yaml"), over)
+  assert isinstance(cfg, pref.DPOConfig) and cfg.loss.reward_model
+  result = plan.plan_recipe(cfg, "cpu", attention="reference")
+  assert [r.program for r in result.rows] == ["train_step"]
+  step = result.rows[0]
+  assert step.status == "ok"
+  mc = cfg.model.config()
+  head = mc.hidden_size + 1 + (1 if logprob_feature else 0)
+  n_params = mc.num_params() - (0 if logprob_feature else mc.vocab_size * mc.hidden_size) + head
+  # float32, replicated on the data-parallel mesh (the unembedding alone is 4 % of it)
+  assert step.params == pytest.approx(4 * n_params, rel=1e-4)
+  assert step.opt_state == pytest.approx(2 * 4 * n_params, rel=1e-4)
+  tokens = cfg.packing.global_rows * cfg.packing.seq_len
+  unembed = 0 if logprob_feature else 6 * mc.vocab_size * mc.hidden_size * tokens
+  assert step.model_flops == pytest.approx(mc.flops_per_token(cfg.packing.seq_len) * tokens - unembed,
+                                                  rel=1e-6)
+
+
+@pytest.mark.parametrize("target", ["v5p-8", "h100x8"])
+@pytest.mark.parametrize("logprob_feature", [False, True])
+def test_rm_7b_recipe_fits_its_targets_from_shapes(target, logprob_feature):
+  """configs/rm_qwen2p5_7b.yaml (and its log-prob-feature variant) leaves at least 10 % of HBM on every device
+  from shapes: float32 weights (without the unembedding unless the feature keeps it) and Adam's moments, sharded
+  (compiled at full depth: docs/scaling.md, "Preference recipes")."""
+  need(target)
+  over = ["loss.pooling=mean", "loss.logprob_feature=true"] if logprob_feature else []
+  cfg = plan.load_recipe(str(CONFIGS / "rm_qwen2p5_7b.yaml"), over, target=target)
+  result = plan.plan_recipe(cfg, target, compile=False)
+  mc = models.ModelConfig.qwen2p5_7b()
+  n_params = mc.num_params() - (0 if logprob_feature else mc.vocab_size * mc.hidden_size)
+  devices = len(plan.get_target(target).compile_devices())
+  [step] = result.rows
+  assert step.status == "ok" and step.headroom >= 0.10, plan.format_plan(result)
+  np.testing.assert_allclose(step.params, 4 * n_params / devices, rtol=0.01)
+  np.testing.assert_allclose(step.opt_state, 8 * n_params / devices, rtol=0.01)
