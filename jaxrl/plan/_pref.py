@@ -110,16 +110,21 @@ def pref_programs(cfg: pref.DPOConfig, devices, mc: models.ModelConfig, names: t
                               "batch": (batch, train_state.step, train_state.skipped)}, flops=flops,
                        note=layout + {"copy": "; the reference's forward inside (a frozen compute-dtype copy)",
                                       "batch": "; reference log-probs precomputed (batch inputs)",
-                                      "none": "; no reference"}[reference]
-                       + ("; a reward model (trunk + scalar head" + (" + the log-prob feature's unembedding)"
-                                                                   if cfg.loss.logprob_feature else ")")
-                          if cfg.loss.reward_model else "")))
+                                      "none": "; no reference"}[reference] + _reward_model_note(cfg.loss)))
   if "reference" in names and ref_copy is not None:
     fn = jax.jit(pref.reference_logps(graphdef, cfg.loss.chunk_size, lora=False))
     out.append(Program(name="reference_logps", fn=fn, args=(ref_copy, batch), kwargs={},
                        parts={"params": ref_copy, "batch": batch}, flops=fwd,
                        note=f"one global batch ({layout}) through the frozen compute-dtype copy"))
   return out
+
+
+def _reward_model_note(loss: pref.PrefLoss) -> str:
+  """What a reward-model recipe's train step holds besides a policy's ("" for a policy)."""
+  if not loss.reward_model:
+    return ""
+  return "; a reward model (trunk + scalar head" + (" + the log-prob feature's unembedding)"
+                                                    if loss.logprob_feature else ")")
 
 
 def _reference_copy(params, dtype):

@@ -151,19 +151,20 @@ def load_reward_model(path: str | Path, *, mesh=None, rules=None, dtype: str | N
     raise FileNotFoundError(f"{head_path}: no reward head; a reward-model directory is the out_dir/hf of "
                             "`jaxrl dpo` with loss.name: bradley_terry (docs/pref.md)")
   head = load_file(str(head_path))
+  shapes = {k: list(v.shape) for k, v in head.items()}
   scale = head.get("score.logprob_scale")
+  if scale is not None and scale.shape != (1,):  # checked before the trunk is read
+    raise ValueError(f"{head_path}: want score.logprob_scale [1], got {shapes}")
   if scale is None:  # the trunk has no unembedding; tying it makes the loader not ask for lm_head.weight
     vm = models.ValueModel(models.load_pretrained(path, mesh=mesh, rules=rules, dtype=dtype,
                                                   tie_word_embeddings=True))
   else:
     vm = LogProbValueModel(models.load_pretrained(path, mesh=mesh, rules=rules, dtype=dtype),
-                           logprob_scale=float(np.asarray(scale).reshape(-1)[0]))
+                           logprob_scale=float(scale[0]))
   d = vm.trunk.cfg.hidden_size
   w, b = head.get("score.weight"), head.get("score.bias")
-  if (w is None or b is None or w.shape != (1, d) or b.shape != (1,)
-      or (scale is not None and scale.shape != (1,))):
-    raise ValueError(f"{head_path}: want score.weight [1, {d}], score.bias [1] (and score.logprob_scale [1]), "
-                     f"got { {k: list(v.shape) for k, v in head.items()} }")
+  if w is None or b is None or w.shape != (1, d) or b.shape != (1,):
+    raise ValueError(f"{head_path}: want score.weight [1, {d}] and score.bias [1], got {shapes}")
   vm.value_head[...] = jnp.asarray(w[0], jnp.float32)
   vm.value_bias[...] = jnp.asarray(b[0], jnp.float32)
   return models.place_value_model(vm, mesh=mesh, rules=rules)

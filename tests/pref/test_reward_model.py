@@ -226,3 +226,14 @@ def test_reward_model_fits_its_train_pairs(tmp_path):
   out = pref.DPOTrainer(cfg).run()
   assert np.mean(out["losses"][-3:]) < 0.2, out["losses"]
   assert np.mean([r["accuracy"] for r in out["history"][-3:]]) == 1.0, out["history"]
+
+
+def test_a_malformed_logprob_scale_is_refused_before_the_trunk_is_read(tmp_path):
+  """A head file whose ``score.logprob_scale`` is not ``[1]`` is an error naming the file, raised before the
+  trunk's weights are read (here there are none)."""
+  from safetensors.numpy import save_file
+
+  save_file({"score.weight": np.zeros((1, 32), np.float32), "score.bias": np.zeros(1, np.float32),
+             "score.logprob_scale": np.ones(2, np.float32)}, str(tmp_path / pref.REWARD_HEAD_FILE))
+  with pytest.raises(ValueError, match=r"reward_head.safetensors: want score.logprob_scale \[1\]"):
+    pref.load_reward_model(tmp_path)
