@@ -60,6 +60,7 @@ data.write_jsonl(data.generate_arithmetic($HELDOUT_N, seed=7 if $HELDOUT_N == 25
                  config=data.ArithmeticConfig.level(2), format='prompt_completion', unique=True), '$HELDOUT')"
 EVAL_TAG=$([ $HELDOUT_N = 256 ] || echo "_n$HELDOUT_N")
 START_TAG=$([ $START = endings ] && echo _endings || true)
+RM_NAME=rm_lp${START_TAG}$([ $PAIRS = onpolicy ] && echo _onpol || true)$([ $RM_START = big ] && echo _big || true)${RM_TAG}
 score() {  # score MODEL OUT: greedy and 4 samples at T = 1 on the held-out questions, scored by the verifier
   for t in 0 1; do
     n=$([ $t = 0 ] && echo 1 || echo 4)
@@ -78,7 +79,7 @@ for s in $SEEDS; do
     P=runs/pairs_mixed20k_s$s
     [ -f $P/train.jsonl ] || $PY scripts/pref_pairs.py $P --seed $s --rejected mixed --n-train 20000
   fi
-  RM=runs/rm_lp${START_TAG}$([ $PAIRS = onpolicy ] && echo _onpol || true)$([ $RM_START = big ] && echo _big || true)${RM_TAG}_s$s
+  RM=runs/${RM_NAME}_s$s
   [ -f $RM/hf/reward_head.safetensors ] || $PY -m jaxrl.cli dpo --config configs/rm_tiny.yaml \
     "model={\"hf_dir\": \"$RM_SFT\"}" "data.train=[\"$P/train.jsonl\"]" "data.heldout=[\"$P/heldout.jsonl\"]" \
     data.shuffle_seed=$s loss.pooling=mean loss.logprob_feature=true optim.lr=$RM_LR \
