@@ -7,13 +7,15 @@ the backward pass recomputes a chunk's logits instead of storing them. Peak memo
 in one chunk there is nothing to trade: the chunk's logits are kept for the backward pass (no
 second ``h @ W``, no loop).
 
-Only reductions over the vocabulary are taken (max, ``Σ e^z``, ``Σ e^z·z``, the target's logit by
-an iota comparison): no ``[tokens, vocab]`` log-softmax, probabilities or gather is materialised
-besides the logits themselves (issue 20: the log-softmax and its gather cost as much as the
-``h @ W`` matmul on CPU).
+Only reductions over the vocabulary are taken (max, ``Σ e^z``, ``Σ e^z·z``) and the target's logit is
+gathered (differentiated by an iota comparison, not a scatter): no ``[tokens, vocab]`` log-softmax,
+probabilities or one-hot is materialised besides the logits themselves (issue 20: the log-softmax and
+its gather cost as much as the ``h @ W`` matmul on CPU).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +38,33 @@ def _logprobs_entropy(logits, targets, temperature):
   e = jnp.exp(scaled - m)  # [..., V]
   s = jnp.sum(e, axis=-1)  # [...]
   lse = m[..., 0] + jnp.log(s)
-  vocab = jax.lax.broadcasted_iota(jnp.int32, scaled.shape, scaled.ndim - 1)
-  target_logit = jnp.sum(jnp.where(vocab == targets[..., None].astype(jnp.int32), scaled, 0.0), axis=-1)
   entropy = lse - jnp.sum(e * scaled, axis=-1) / s
-  return target_logit - lse, entropy
+  return _target_logit(scaled.shape[-1], scaled, targets.astype(jnp.int32)) - lse, entropy
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _target_logit(vocab: int, z, targets):
+  """``z[..., targets]``: a gather forward, an iota comparison backward.
+
+  The forward reads one value per token. The former ``Σ_v where(v == y, z, 0)`` is the same number, but
+  XLA:CPU's reduction fusions do not take the iota comparison in, so the select was written as a whole
+  ``[tokens, vocab]`` array and read back (issue 34: 6 % of the tiny bench's train step). The backward is
+  ``where(v == y, g, 0)``, an elementwise expression fused into the softmax gradient, so no ``[tokens,
+  vocab]`` scatter appears (which plain ``take_along_axis`` would differentiate into)."""
+  got = jnp.take_along_axis(z, targets[..., None], axis=-1, mode="clip")[..., 0]
+  return jnp.where((targets >= 0) & (targets < vocab), got, jnp.zeros((), z.dtype))  # out of range: 0, as before
+
+
+def _target_logit_fwd(vocab, z, targets):
+  return _target_logit(vocab, z, targets), targets
+
+
+def _target_logit_bwd(vocab, targets, g):  # z is float32 here (the scaled logits), as g
+  ids = jax.lax.broadcasted_iota(jnp.int32, (*targets.shape, vocab), targets.ndim)
+  return jnp.where(ids == targets[..., None], g[..., None], jnp.zeros((), g.dtype)), None
+
+
+_target_logit.defvjp(_target_logit_fwd, _target_logit_bwd)
 
 
 def logprobs_from_logits(

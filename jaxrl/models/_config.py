@@ -117,6 +117,11 @@ class ModelConfig:
   "Compute dtype of matmuls and activations: 'float32' or 'bfloat16'. Norms, softmax and logits stay float32."
   scan_layers: bool = True
   "Stack the blocks and run them with nnx.scan (fast compiles); False: a Python loop over blocks."
+  scan_unroll: int | bool = 1
+  ("Blocks per iteration of the scanned layer loop (lax.scan's unroll; with scan_layers only). 1 (default) "
+   "compiles one block; True (or >= num_layers) unrolls the loop in the program while the weights stay "
+   "stacked: XLA then fuses and lays out across blocks as for a Python loop, at an unrolled model's compile "
+   "time. On CPU the tiny jaxrl bench rl train step ran 15 % faster fully unrolled (issue 34).")
   remat: str = "none"
   "Rematerialisation of each block: 'none', 'full', 'dots' or 'dots_with_no_batch_dims'."
   attention_impl: str = "auto"
@@ -173,6 +178,8 @@ class ModelConfig:
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in DTYPES:
         raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {list(DTYPES)}")
+    if self.scan_unroll is not True and not _is_pos_int(self.scan_unroll):
+      raise ValueError(f"scan_unroll: must be a positive int or true (fully unrolled), got {self.scan_unroll!r}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat: {self.remat!r} is not one of {list(REMAT_POLICIES)}")
     if self.attention_impl not in kernels.IMPLS:

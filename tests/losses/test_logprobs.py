@@ -54,6 +54,22 @@ def test_chunked_gradients_match_naive(temperature, chunk_size):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+def test_out_of_range_targets_read_zero_and_get_no_gradient():
+  """The gathered target logit keeps the one-hot sum's meaning for ids outside the vocabulary (padding):
+  a zero logit (log p = −logsumexp, finite) and no gradient through the target term."""
+  hidden, unembed, targets = _inputs(seed=3)
+  targets[0, :3] = [-1, 37, 10**6]
+
+  def f(h, w):
+    return jnp.sum(token_logprobs(h, w, jnp.asarray(targets), chunk_size=64))
+  logp = token_logprobs(hidden, unembed, targets, chunk_size=64)
+  lse = jax.nn.logsumexp(jnp.einsum("btd,dv->btv", hidden, unembed), axis=-1)
+  np.testing.assert_allclose(logp[0, :3], -lse[0, :3], rtol=1e-6)
+  dh, _ = jax.grad(f, argnums=(0, 1))(hidden, unembed)
+  probs = jax.nn.softmax(jnp.einsum("btd,dv->btv", hidden, unembed), axis=-1)
+  np.testing.assert_allclose(dh[0, :3], -(probs[0, :3] @ unembed.T), rtol=1e-5, atol=1e-6)  # −∂lse only
+
+
 def test_temperature_is_log_softmax_of_scaled_logits():
   rng = np.random.default_rng(3)
   logits = rng.normal(size=(3, 5, 11)).astype(np.float32) * 4

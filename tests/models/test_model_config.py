@@ -82,6 +82,8 @@ def test_unsupported_hf_configs_are_named(change, match):
     ("qk_norm", True, "qk_norm: True with model_type 'llama'"),
     ("rms_norm_eps", -1.0, "rms_norm_eps: must be a positive number, got -1.0"),
     ("scan_layers", "yes", "scan_layers: must be a bool, got 'yes'"),
+    ("scan_unroll", 0, "scan_unroll: must be a positive int or true"),
+    ("scan_unroll", False, "scan_unroll: must be a positive int or true"),
 ])
 def test_bad_fields_are_named_with_their_value(field, value, match):
   with pytest.raises(ValueError, match=match):

@@ -104,12 +104,13 @@ def test_scan_and_loop_layers_give_equal_logits(fixture_models):
                              rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("scan_layers,remat", [(True, "full"), (False, "dots")])
-def test_remat_leaves_gradients_unchanged(grad_reference, tmp_path, scan_layers, remat):
+@pytest.mark.parametrize("scan_layers,remat,unroll", [(True, "full", 1), (False, "dots", 1), (True, "none", True),
+                                                       (True, "full", 2)])
+def test_remat_and_unrolled_scans_leave_gradients_unchanged(grad_reference, tmp_path, scan_layers, remat, unroll):
   model, _, want = grad_reference
   models.save_pretrained(model, tmp_path)
-  remat_model = models.load_pretrained(tmp_path, scan_layers=scan_layers, remat=remat)
-  assert remat_model.cfg.remat == remat
+  remat_model = models.load_pretrained(tmp_path, scan_layers=scan_layers, remat=remat, scan_unroll=unroll)
+  assert remat_model.cfg.remat == remat and remat_model.cfg.scan_unroll == unroll
   _, grads = logits_and_grads(remat_model, *map(jnp.asarray, packed_batch()))
   got = flat_arrays(grads)
   assert got.keys() == want.keys()
