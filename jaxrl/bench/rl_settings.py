@@ -104,11 +104,8 @@ def jaxrl_config(settings: dict[str, Any], *, n_prompts: int, samples: int, prom
     raise ValueError(f"bench rl settings: {rows} rows do not split into {settings['micro_batches']} micro-batches")
   per_micro = rows // settings["micro_batches"] * row_len
   return {
-      # scan_unroll: the layer loop unrolled in the program, as the peers run theirs (a Python loop over
-      # blocks); the weights stay stacked. Work-neutral: the same arithmetic, XLA fuses across blocks
-      # (issue 34: the tiny train step 15 % faster on CPU; a real-size run keeps the compact scan).
       "model_overrides": {"dtype": settings["dtype"], "param_dtype": settings["dtype"],
-                          "remat": "full" if settings["remat"] else "none", "scan_unroll": True},
+                          "remat": "full" if settings["remat"] else "none"},
       "algorithm": {"advantage": "grpo", "objective": "ppo_clip", "aggregation": settings["loss"],
                     "old_logprobs": "recompute", "kl_coef": settings["kl_coef"], "mini_batches": 1,
                     "ppo_epochs": settings["ppo_epochs"],

@@ -44,6 +44,7 @@ def test_jaxrl_worker_runs_steps_over_the_protocol(tmp_path):
 class _RecordingPeer:
   """Stands in for a worker subprocess; records (framework, command) in a shared log."""
   log: list = []
+  setups: dict = {}  # framework -> its setup message
 
   def __init__(self, name, argv, env=None):
     self.name = name
@@ -55,6 +56,7 @@ class _RecordingPeer:
   def ask(self, cmd, **kw):
     self.log.append((self.name, cmd))
     if cmd == "setup":  # echoes the settings as applied; generates the workload's exact token count
+      self.setups[self.name] = kw
       self.tokens = kw["n_prompts"] * kw["samples"] * kw["new_tokens"]
       return {"wall_s": 0.0, "settings": kw["settings"]}
     return {"step_s": 2.0, "generate_s": 1.0, "train_s": 1.0, "tokens": self.tokens}
@@ -79,6 +81,9 @@ def test_workload_schedule_interleaved_or_one_framework_at_a_time(tmp_path, monk
   if workload == "0.5b":  # --xla-cache reaches the jaxrl worker only
     assert _RecordingPeer.log.pop(1) == ("jaxrl", "env", ((bench_rl.XLA_CACHE_ENV, "CACHE"),))
   assert [r["steps"] for r in res["frameworks"].values()] == [2, 2]
+  # jaxrl's layer scan unrolled for the tiny model only; the option never reaches a peer's setup
+  assert _RecordingPeer.setups["jaxrl"]["unroll_layers"] is (workload == "tiny")
+  assert "unroll_layers" not in _RecordingPeer.setups["trl"]
   if workload == "tiny":  # both alive, steps alternate
     assert _RecordingPeer.log == [("jaxrl", "start"), ("jaxrl", "setup"), ("trl", "start"), ("trl", "setup"),
                                   ("jaxrl", "step"), ("trl", "step"), ("jaxrl", "step"), ("trl", "step"),
