@@ -7,10 +7,10 @@ the backward pass recomputes a chunk's logits instead of storing them. Peak memo
 in one chunk there is nothing to trade: the chunk's logits are kept for the backward pass (no
 second ``h @ W``, no loop).
 
-Only reductions over the vocabulary are taken (max, ``Σ e^z``, ``Σ e^z·z``) and the target's logit is
-gathered (differentiated by an iota comparison, not a scatter): no ``[tokens, vocab]`` log-softmax,
-probabilities or one-hot is materialised besides the logits themselves (issue 20: the log-softmax and
-its gather cost as much as the ``h @ W`` matmul on CPU).
+Only reductions over the vocabulary are taken (max, ``Σ e^z``, ``Σ e^z·z``, the target's logit by an
+iota comparison; on CPU the target's logit is gathered instead, differentiated by the same comparison):
+no ``[tokens, vocab]`` log-softmax, probabilities or one-hot is materialised besides the logits themselves
+(issue 20: the log-softmax and its gather cost as much as the ``h @ W`` matmul on CPU).
 """
 
 from __future__ import annotations
@@ -39,18 +39,26 @@ def _logprobs_entropy(logits, targets, temperature):
   s = jnp.sum(e, axis=-1)  # [...]
   lse = m[..., 0] + jnp.log(s)
   entropy = lse - jnp.sum(e * scaled, axis=-1) / s
-  return _target_logit(scaled.shape[-1], scaled, targets.astype(jnp.int32)) - lse, entropy
+  targets = targets.astype(jnp.int32)
+  if jax.default_backend() == "cpu":
+    target_logit = _target_logit(scaled.shape[-1], scaled, targets)
+  else:  # fused into the reduction there, and a vocabulary sharded over devices needs no gather
+    vocab = jax.lax.broadcasted_iota(jnp.int32, scaled.shape, scaled.ndim - 1)
+    target_logit = jnp.sum(jnp.where(vocab == targets[..., None], scaled, 0.0), axis=-1)
+  return target_logit - lse, entropy
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _target_logit(vocab: int, z, targets):
-  """``z[..., targets]``: a gather forward, an iota comparison backward.
+  """``z[..., targets]``: a gather forward, an iota comparison backward (the CPU backend's target logit).
 
-  The forward reads one value per token. The former ``Σ_v where(v == y, z, 0)`` is the same number, but
-  XLA:CPU's reduction fusions do not take the iota comparison in, so the select was written as a whole
-  ``[tokens, vocab]`` array and read back (issue 34: 6 % of the tiny bench's train step). The backward is
-  ``where(v == y, g, 0)``, an elementwise expression fused into the softmax gradient, so no ``[tokens,
-  vocab]`` scatter appears (which plain ``take_along_axis`` would differentiate into)."""
+  The forward reads one value per token. ``Σ_v where(v == y, z, 0)`` (what other backends run) is the same
+  number, but XLA:CPU's reduction fusions do not take the iota comparison in, so there the select was
+  written as a whole ``[tokens, vocab]`` array and read back (issue 34: 6 % of the tiny bench's train step).
+  The backward is ``where(v == y, g, 0)``, an elementwise expression fused into the softmax gradient, so no
+  ``[tokens, vocab]`` scatter appears (which plain ``take_along_axis`` would differentiate into). On GPU/TPU
+  the select fuses into the reduction, and a gather along a vocabulary sharded over ``tensor`` devices
+  could make the partitioner gather the logits, so they keep the sum."""
   got = jnp.take_along_axis(z, targets[..., None], axis=-1, mode="clip")[..., 0]
   return jnp.where((targets >= 0) & (targets < vocab), got, jnp.zeros((), z.dtype))  # out of range: 0, as before
 

@@ -70,6 +70,27 @@ def test_out_of_range_targets_read_zero_and_get_no_gradient():
   np.testing.assert_allclose(dh[0, :3], -(probs[0, :3] @ unembed.T), rtol=1e-5, atol=1e-6)  # −∂lse only
 
 
+@pytest.mark.parametrize("chunk_size", [4, 64])
+def test_cpu_gather_and_other_backends_one_hot_sum_agree_exactly(monkeypatch, chunk_size):
+  """The CPU backend gathers the target logit, the others sum a one-hot select: the same values and
+  gradients, bit for bit."""
+  hidden, unembed, targets = _inputs(seed=4)
+  targets[1, :2] = [-1, 37]  # outside the vocabulary
+  coef = np.random.default_rng(5).normal(size=(2, 2, 13)).astype(np.float32)
+
+  def run():
+    def f(h, w):
+      logp, ent = token_logprobs(h, w, jnp.asarray(targets), chunk_size=chunk_size, temperature=0.7,
+                                 return_entropy=True)
+      return jnp.sum(coef[0] * logp + coef[1] * ent), (logp, ent)
+    return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(hidden, unembed)
+  cpu = run()
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  other = run()
+  for got, want in zip(jax.tree.leaves(other), jax.tree.leaves(cpu)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_temperature_is_log_softmax_of_scaled_logits():
   rng = np.random.default_rng(3)
   logits = rng.normal(size=(3, 5, 11)).astype(np.float32) * 4
