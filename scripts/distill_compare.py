@@ -87,15 +87,15 @@ def opd(out: Path, warm: str, teacher: str, seed: int, steps: int, max_new: int,
           f"data.shuffle_seed={seed}", f"rollout.max_new_tokens={max_new}", *([f"optim.lr={lr}"] if lr else []),
           "eval.every=0", "export_hf=true", f"out_dir={out}", *QUIET, *extra])
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-  cfg = config_lib.load(RLConfig, DISTILL)
+  cfg = config_lib.load(RLConfig, out / "config.json")  # the run's own (rollout overrides included)
   per_step = cfg.rollout.prompts_per_step * cfg.rollout.n
   tokens = sum(r["response/length_mean"] * per_step for r in rows if "response/length_mean" in r)
   return str(out / "hf"), float(tokens)
 
 
-def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, max_new: int,
-                   lr: float | None) -> tuple[str, float]:
-  """``prompts`` training prompts (shuffled by ``seed``) × 4 teacher samples, then one SFT pass over them."""
+def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, k: int, max_new: int,
+                   lr: float | None, extra: list[str]) -> tuple[str, float]:
+  """``prompts`` training prompts (shuffled by ``seed``) × ``k`` teacher samples, then one SFT pass over them."""
   cfg = config_lib.load(RLConfig, DISTILL)
   records = cfg.data.builtin.records("train")
   rng = np.random.default_rng(seed)  # as many passes over the train split as opd's ``prompts`` take
@@ -104,7 +104,7 @@ def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, 
   data_lib.write_jsonl([records[i] for i in order], out / "prompts.jsonl")
   if not (out / "rs" / "sft.jsonl").exists():
     _run(["rs", "--model", teacher, "--data", str(out / "prompts.jsonl"), "--task", "custom", "--reward",
-          "jaxrl.rl:arithmetic_reward", "--threshold", "-1", "--keep-truncated", "--k", str(cfg.rollout.n),
+          "jaxrl.rl:arithmetic_reward", "--threshold", "-1", "--keep-truncated", "--k", str(k),
           "--seed", str(seed), "--max-new-tokens", str(max_new), "--temperature", "1", "--out", str(out / "rs")])
   # Every sample, duplicates included (``rs`` deduplicates its sft.jsonl; a competent teacher at T = 1 repeats
   # itself for most prompts, which would leave this arm with far fewer tokens than opd's samples).
@@ -120,15 +120,16 @@ def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, 
   if not (out / "sft" / "hf" / "config.json").exists():
     _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{out / 'all_samples.jsonl'}]",
           f"steps={steps}", "optim.warmup_steps=2", *([f"optim.lr={lr}"] if lr else []), "export_hf=true",
-          "eval.every=0", "checkpoint.every=0", f"out_dir={out / 'sft'}", *QUIET])
+          "eval.every=0", "checkpoint.every=0", f"out_dir={out / 'sft'}", *QUIET, *extra])
   return str(out / "sft" / "hf"), float(response)
 
 
-def heldout_file(out: Path, n: int) -> Path:
+def heldout_file(out: Path, n: int, skip: int = 0) -> Path:
   """``n`` distinct held-out-split problems of ``distill_tiny``'s built-in task as a prompt file (never trained on
-  by either arm)."""
+  by either arm), after the first ``skip`` of them (``skip`` > 0: a validation set disjoint from the ``skip = 0``
+  accuracy set, for choosing settings)."""
   builtin = config_lib.load(RLConfig, DISTILL).data.builtin
-  records = dataclasses.replace(builtin, n_heldout=n).records("heldout")
+  records = dataclasses.replace(builtin, n_heldout=skip + n).records("heldout")[skip:]
   return data_lib.write_jsonl(records, out / "heldout.jsonl")
 
 
@@ -174,26 +175,41 @@ def main() -> None:
   p.add_argument("--out", required=True)
   p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   p.add_argument("--steps", type=int, default=40, help="distillation steps (8 prompts × 4 samples each)")
+  p.add_argument("--samples-per-prompt", type=int, default=4,
+                 help="samples per training prompt in both arms: opd's rollout.n (with 32/N prompts a step) and the "
+                      "teacher's samples per prompt of the sft arm")
+  p.add_argument("--sft-prompts", type=int, default=None,
+                 help="training prompts of the sft arm (4 teacher samples each; default: opd's steps × 8, the same "
+                      "prompts; set it to match opd's student tokens when opd's samples run longer)")
   p.add_argument("--warm-steps", type=int, default=150)
   p.add_argument("--max-new-tokens", type=int, default=40, help="every generation: rollouts, teacher samples, evals")
   p.add_argument("--lr", type=float, default=None, help="opd learning rate (default: distill_tiny's)")
   p.add_argument("--opd-set", action="append", default=[], metavar="KEY=VALUE",
                  help="a further override of the opd run (e.g. distill.mode=gkd); repeatable")
   p.add_argument("--sft-lr", type=float, default=None, help="sft arm peak learning rate (default: sft_tiny's)")
+  p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
+                 help="a further override of the sft arm's training run (e.g. optim.clip_norm=null); repeatable")
   p.add_argument("--heldout", type=int, default=400, help="held-out problems for greedy accuracy")
+  p.add_argument("--heldout-skip", type=int, default=0,
+                 help="skip the first K distinct held-out problems (K >= --heldout: a disjoint validation set)")
   p.add_argument("--kl-prompts", type=int, default=128, help="held-out prompts (the first ones) for the reverse KL")
   a = p.parse_args()
   out, teacher, max_new = Path(a.out), a.teacher, a.max_new_tokens
   warm = a.warm or warm_start(out / "warm", a.warm_steps)
-  held = heldout_file(out, a.heldout)
+  held = heldout_file(out, a.heldout, a.heldout_skip)
   meas = dict(heldout=held, max_new=max_new, kl_prompts=a.kl_prompts)
   table = {"teacher": measure(out / "measure_teacher", teacher, teacher, **meas),
            "warm": measure(out / "measure_warm", warm, teacher, **meas)}
-  prompts = a.steps * config_lib.load(RLConfig, DISTILL).rollout.prompts_per_step
+  rollout = config_lib.load(RLConfig, DISTILL).rollout
+  per_step, k = rollout.prompts_per_step * rollout.n, a.samples_per_prompt  # 32 student samples a step
+  if k < 1 or per_step % k:
+    raise SystemExit(f"--samples-per-prompt must divide {per_step} (the samples of one opd step), got {k}")
+  opd_set = [f"rollout.n={k}", f"rollout.prompts_per_step={per_step // k}", *a.opd_set]
+  prompts = a.sft_prompts or a.steps * (per_step // k)
   for seed in a.seeds:
     d = out / f"seed{seed}"
-    o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps, max_new, a.lr, a.opd_set)
-    s_dir, s_tok = sft_on_teacher(d / "sft_arm", warm, teacher, seed, prompts, max_new, a.sft_lr)
+    o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps, max_new, a.lr, opd_set)
+    s_dir, s_tok = sft_on_teacher(d / "sft_arm", warm, teacher, seed, prompts, k, max_new, a.sft_lr, a.sft_set)
     table[f"opd/{seed}"] = dict(measure(d / "measure_opd", o_dir, teacher, **meas), tokens=o_tok)
     table[f"sft/{seed}"] = dict(measure(d / "measure_sft", s_dir, teacher, **meas), tokens=s_tok)
     for a_name, b_name in (("opd", "sft"), ("opd", "warm"), ("sft", "warm")):
