@@ -487,7 +487,8 @@ def main(argv: list[str]) -> int:
                  machine=f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load0:.1f} at the start, "
                          f"{os.getloadavg()[0]:.1f} at the end",
                  command="jaxrl bench rl " + " ".join(argv), workload=dict(name=ns.workload, **wl.batch(),
-                                                                          model=wl.model, lr=LR))
+                                                                          model=wl.model, lr=LR,
+                                                                          unroll_layers=wl.unroll_layers))
   print(format_table(results))
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(results, indent=2))
@@ -502,7 +503,11 @@ def format_table(results: dict[str, Any]) -> str:
   if "settings" in results:
     st = RLBenchSettings.from_message(results["settings"])
     wl = results.get("workload", {})
-    lines += [st.header(wl.get("new_tokens", "?"), wl.get("n_prompts", 0) * wl.get("samples", 0) or "?"), ""]
+    lines.append(st.header(wl.get("new_tokens", "?"), wl.get("n_prompts", 0) * wl.get("samples", 0) or "?"))
+    if wl.get("unroll_layers"):  # a jaxrl option, not a shared setting: printed beside the numbers
+      lines.append("jaxrl only: layer scan unrolled in the program (model scan_unroll: true); TRL and Tunix loop "
+                   "over their blocks in Python")
+    lines.append("")
   lines += ["| framework | first step s | median step s | generate s | train s | generated tok/s | jaxrl speed-up "
            "| step CPU s | peak RSS GiB |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

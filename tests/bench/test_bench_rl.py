@@ -172,3 +172,6 @@ def test_run_refuses_a_worker_with_other_settings_or_token_count(tmp_path, monke
   res = bench_rl.run(tmp_path / "w", steps=2, peers=["trl"], sampling=False, settings=settings, log=lambda s: None)
   assert res["settings"] == settings.to_message()
   assert "equal settings: remat off, 1 CPU threads" in bench_rl.format_table(res)
+  assert "jaxrl only" not in bench_rl.format_table(res)
+  res["workload"] = {"n_prompts": 8, "samples": 8, "new_tokens": 64, "unroll_layers": True}  # the tiny workload's
+  assert "jaxrl only: layer scan unrolled in the program (model scan_unroll: true)" in bench_rl.format_table(res)
