@@ -180,13 +180,14 @@ def main() -> None:
   p.add_argument("--warm", default=None, help="the student's warm start (HF dir); default: SFT it here")
   p.add_argument("--out", required=True)
   p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  p.add_argument("--steps", type=int, default=40, help="distillation steps (8 prompts × 4 samples each)")
+  p.add_argument("--steps", type=int, default=40, help="distillation steps (32 student samples each)")
   p.add_argument("--samples-per-prompt", type=int, default=4,
                  help="samples per training prompt in both arms: opd's rollout.n (with 32/N prompts a step) and the "
                       "teacher's samples per prompt of the sft arm")
   p.add_argument("--sft-prompts", type=int, default=None,
-                 help="training prompts of the sft arm (4 teacher samples each; default: opd's steps × 8, the same "
-                      "prompts; set it to match opd's student tokens when opd's samples run longer)")
+                 help="training prompts of the sft arm (--samples-per-prompt teacher samples each; default: opd's "
+                      "steps × 32/N, the same prompts; set it to match opd's student tokens when opd's samples run "
+                      "longer)")
   p.add_argument("--warm-steps", type=int, default=150)
   p.add_argument("--max-new-tokens", type=int, default=40, help="every generation: rollouts, teacher samples, evals")
   p.add_argument("--lr", type=float, default=None, help="opd learning rate (default: distill_tiny's)")

@@ -202,6 +202,12 @@ class ModelConfig:
     return jnp.dtype(self.param_dtype)
 
   @property
+  def layer_unroll(self) -> int:
+    """Blocks per iteration of the scanned layer loop: :attr:`scan_unroll` resolved (``True`` → all of them),
+    at most :attr:`num_layers`."""
+    return self.num_layers if self.scan_unroll is True else min(self.scan_unroll, self.num_layers)
+
+  @property
   def remat_policy(self) -> Callable[..., bool] | None:
     """The ``jax.checkpoint_policies`` entry for :attr:`remat` (``None`` when ``remat='none'``)."""
     return {

@@ -541,8 +541,7 @@ class Transformer(nnx.Module):
     if annotate and cfg.remat != "none":
       # A rolled scan body keeps XLA from merging the recomputation with the forward; unrolled blocks need
       # prevent_cse as a Python loop does.
-      block_fn = nnx.remat(block_fn, policy=cfg.remat_policy,
-                           prevent_cse=not cfg.scan_layers or cfg.scan_unroll is True or cfg.scan_unroll > 1)
+      block_fn = nnx.remat(block_fn, policy=cfg.remat_policy, prevent_cse=not cfg.scan_layers or cfg.layer_unroll > 1)
 
     def layer(kv, i):
       return None if kv is None else tuple(jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False) for a in kv)
@@ -557,8 +556,7 @@ class Transformer(nnx.Module):
         x, new = block_fn(block, x, layer(kv, i))
         return (x, write(kv, i, new)), None
 
-      unroll = cfg.num_layers if cfg.scan_unroll is True else min(cfg.scan_unroll, cfg.num_layers)
-      scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0), unroll=unroll,
+      scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0), unroll=cfg.layer_unroll,
                       transform_metadata={nnx.PARTITION_NAME: "layers"})
       with jax.named_scope("layers"):
         (x, kv), _ = scan((x, kv), self.layers, jnp.arange(cfg.num_layers))
