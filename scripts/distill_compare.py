@@ -8,7 +8,8 @@ export_hf=true``'s ``hf``, or ``jaxrl quickstart``'s GRPO result ``OUT/rl/hf``) 
   opd   ``jaxrl rl --config configs/distill_tiny.yaml`` with the teacher: ``--steps`` steps of 32 student samples
         (``--samples-per-prompt`` N per prompt, 32/N prompts a step; default 4 × 8), per-token advantage
         −(log π_student − log π_teacher) (``--lr``; ``--opd-set distill.mode=gkd``: the generalised JSD of the full
-        next-token distributions on the student's samples)
+        next-token distributions on the student's samples; with ``--lmbda`` < 1, GKD's mixture: that share of
+        steps on the student's samples, the rest on the sft arm's teacher samples)
   sft   ``jaxrl rs`` draws N teacher samples for each of the same training prompts (``--sft-prompts`` to change their
         number; every sample kept, duplicates included: sequence-level KD), then ``jaxrl sft`` trains one pass over
         them (``--sft-lr``, ``--sft-set``)
@@ -193,6 +194,9 @@ def main() -> None:
   p.add_argument("--lr", type=float, default=None, help="opd learning rate (default: distill_tiny's)")
   p.add_argument("--opd-set", action="append", default=[], metavar="KEY=VALUE",
                  help="a further override of the opd run (e.g. distill.mode=gkd); repeatable")
+  p.add_argument("--lmbda", type=float, default=1.0,
+                 help="opd's distill.lmbda (GKD's λ, mode gkd): the share of steps on the student's samples; the "
+                      "rest train on the sft arm's teacher samples (counted as student tokens too)")
   p.add_argument("--sft-lr", type=float, default=None, help="sft arm peak learning rate (default: sft_tiny's)")
   p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
                  help="a further override of the sft arm's training run (e.g. optim.clip_norm=null); repeatable")
@@ -213,10 +217,13 @@ def main() -> None:
     raise SystemExit(f"--samples-per-prompt must divide {per_step} (the samples of one opd step), got {k}")
   opd_set = [f"rollout.n={k}", f"rollout.prompts_per_step={per_step // k}", *a.opd_set]
   prompts = a.sft_prompts or a.steps * (per_step // k)
+  if not 0 <= a.lmbda <= 1:
+    raise SystemExit(f"--lmbda must be in [0, 1], got {a.lmbda}")
   for seed in a.seeds:
     d = out / f"seed{seed}"
-    o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps, max_new, a.lr, opd_set)
     s_dir, s_tok = sft_on_teacher(d / "sft_arm", warm, teacher, seed, prompts, k, max_new, a.sft_lr, a.sft_set)
+    mix = [] if a.lmbda == 1 else [f"distill.lmbda={a.lmbda}", f"distill.data=[{d / 'sft_arm' / 'all_samples.jsonl'}]"]
+    o_dir, o_tok = opd(d / "opd", warm, teacher, seed, a.steps, max_new, a.lr, opd_set + mix)
     table[f"opd/{seed}"] = dict(measure(d / "measure_opd", o_dir, teacher, **meas), tokens=o_tok)
     table[f"sft/{seed}"] = dict(measure(d / "measure_sft", s_dir, teacher, **meas), tokens=s_tok)
     for a_name, b_name in (("opd", "sft"), ("opd", "warm"), ("sft", "warm")):

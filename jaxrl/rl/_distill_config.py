@@ -72,6 +72,14 @@ class DistillConfig:
   "gkd: β of the generalised JSD (0 forward KL(teacher‖student), 1 reverse KL(student‖teacher), TRL's convention)."
   temperature: float | None = None
   "gkd: temperature of both distributions in the JSD; default rollout.temperature."
+  lmbda: float = 1.0
+  ("gkd: GKD's λ (TRL GKDTrainer's lmbda), the fraction of steps trained on the student's own samples. Each step is "
+   "on-policy with probability λ (a seeded draw per step, so a resumed run draws the same), otherwise it trains on "
+   "the next prompts_per_step × n fixed completions of distill.data; 1: on-policy only.")
+  data: tuple[str, ...] = ()
+  ("gkd with lmbda < 1: JSONL files of fixed completions for the off-policy steps (``messages`` records ending in "
+   "the assistant's answer, or ``prompt``/``completion``; e.g. the teacher's samples from jaxrl rs), read in a "
+   "seeded per-epoch shuffle.")
 
   def __post_init__(self):
     if self.mode not in ("reverse_kl", "gkd"):
@@ -93,6 +101,17 @@ class DistillConfig:
       raise ValueError(f"distill.beta must be in [0, 1], got {self.beta!r}")
     if self.temperature is not None and self.temperature <= 0:
       raise ValueError(f"distill.temperature must be > 0, got {self.temperature!r}")
+    if not 0.0 <= self.lmbda <= 1.0:
+      raise ValueError(f"distill.lmbda must be in [0, 1], got {self.lmbda!r}")
+    if self.lmbda < 1 and self.mode != "gkd":
+      raise ValueError(f"distill.lmbda={self.lmbda!r} trains on fixed completions, which only mode gkd can (the "
+                       "reverse_kl advantage is a policy gradient on the student's own samples); set distill.mode: gkd")
+    if self.lmbda < 1 and not self.data:
+      raise ValueError(f"distill.lmbda={self.lmbda!r} needs distill.data: the JSONL files of fixed completions "
+                       "for its off-policy steps (e.g. the teacher's samples from jaxrl rs)")
+    if self.lmbda == 1 and self.data:
+      raise ValueError("distill.data is read only by off-policy steps, and distill.lmbda is 1 (on-policy only); "
+                       "set distill.lmbda < 1 or drop distill.data")
 
   def check(self, cfg) -> None:
     """Refuses the ``RLConfig`` combinations distillation does not support, naming the keys."""
@@ -102,6 +121,15 @@ class DistillConfig:
     if cfg.asynchronous is not None:
       raise ValueError("distill: asynchronous: is not supported with distillation (the teacher runs on the "
                        "synchronous trainer's mesh)")
+    if self.lmbda < 1 and self.reward_coef != 0:
+      raise ValueError(f"distill.lmbda < 1 with distill.reward_coef={self.reward_coef!r}: the fixed completions "
+                       "carry no reward (GKD's mixture is pure distillation); set reward_coef: 0")
+    if self.lmbda < 1 and getattr(cfg, "env", None) is not None:
+      raise ValueError("distill.lmbda < 1 mixes fixed single-turn completions into the rollouts; multi-turn "
+                       "episodes (env:) are not supported with it")
+    if self.lmbda < 1 and cfg.algorithm.old_logprobs != "recompute":
+      raise ValueError("distill.lmbda < 1 needs algorithm.old_logprobs: recompute (the fixed completions have no "
+                       "sampler log-probs)")
     if self.reward_coef == 0 and cfg.rollout.dynamic_sampling:
       raise ValueError("distill: rollout.dynamic_sampling drops groups by reward, but distill.reward_coef is 0 "
                        "(pure distillation: every group carries signal); set it false")

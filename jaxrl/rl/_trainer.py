@@ -43,7 +43,7 @@ from jaxrl import rewards as rewards_lib
 from jaxrl.rewards import RewardRunner
 from jaxrl.rl import _critic
 from jaxrl.rl._config import RLConfig
-from jaxrl.rl._distill import Teacher, add_reverse_kl, describe_source
+from jaxrl.rl._distill import FixedCompletions, MixedRollout, Teacher, add_reverse_kl, describe_source
 from jaxrl.rl._distill_server import ServerTeacher
 from jaxrl.rl._engine_build import build_sampler, rollout_max_len
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout, step_metrics, update_metrics
@@ -154,6 +154,13 @@ class RLTrainer:
     self.source: RolloutSource = EngineRollout(cfg.rollout, seed=cfg.seed, backend=self._sampler_for,
                                                submit=self._submit, rewards=lambda: self.rewards,
                                                procs=self.procs, pid=self.pid)
+    if cfg.distill is not None and cfg.distill.lmbda < 1:  # GKD's λ: some steps train on fixed completions
+      r = cfg.rollout
+      fixed = FixedCompletions(cfg.distill.data, self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                               max_new=min([r.max_new_tokens] + [s.max_new_tokens for s in r.context_schedule]),
+                               seed=cfg.data.shuffle_seed)
+      self.source = MixedRollout(self.source, fixed, rollout=r, lmbda=cfg.distill.lmbda, seed=cfg.seed,
+                                 steps=cfg.steps, procs=self.procs, pid=self.pid)
     self._stage = 0
     self.history: list[dict[str, float]] = []
     self.update_history: list[dict[str, float]] = []
@@ -231,6 +238,8 @@ class RLTrainer:
     batch = self.source.rollout(step, self.train_prompts, self.stream)
     everything = self.global_view(batch.drawn)
     metrics = self.rollout_metrics(everything)
+    if batch.metrics.get("distill/on_policy") == 0.0:  # GKD's fixed completions (MixedRollout): not scored
+      metrics = {k: v for k, v in metrics.items() if k.startswith("response/")}
     metrics.update(batch.metrics)
     if "time_generate" in batch.metrics:
       metrics["tok_s/rollout"] = float(everything.lengths.sum()) / max(batch.metrics["time_generate"], 1e-9)
@@ -613,8 +622,8 @@ class RLTrainer:
       skips.print(logger.console)
       results["skips"] = skips.as_dict()
     results.update(steps=last, plot=str(plot) if plot else None, skipped=int(self.state.skipped),
-                   rewards=[h["reward/mean"] for h in self.history],
-                   accuracy=[h["accuracy"] for h in self.history])
+                   rewards=[h.get("reward/mean") for h in self.history],  # None: a step of GKD's fixed completions
+                   accuracy=[h.get("accuracy") for h in self.history])
     if last == cfg.steps and cfg.export_hf:
       model = self.current_model()
       lora = cfg.lora is not None
