@@ -86,8 +86,8 @@ def _objective(targets, coef, chunk_size, temperature=0.7):
 
 def _reference64(hidden, unembed, targets, coef, temperature):
   """float64 numpy: ``(objective, logp, H, d/dh, d/dW)`` of :func:`_objective`. With ``z = h W / T``,
-  ``p = softmax(z)``: ``∂ log p_y / ∂z = 1[v = y] − p`` and ``∂H / ∂z = −p (log p + H)``; a target outside the
-  vocabulary reads a zero logit (``log p = −lse``) and has no one-hot term."""
+  ``p = softmax(z)``: ``∂ log p_y / ∂z = 1[v = y] − p`` and ``∂H / ∂z = −p (log p + H)``; a target outside
+  the vocabulary reads a zero logit (``log p = −lse``) and has no one-hot term."""
   h, w = hidden.astype(np.float64), unembed.astype(np.float64)
   z = np.einsum("btd,dv->btv", h, w) / temperature
   m = z.max(-1, keepdims=True)
