@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl import _compile_target
 from jaxrl.kernels import _decode, _flash
 from jaxrl.kernels._common import normalise_ids
 from jaxrl.kernels._reference import attention_reference, make_mask
@@ -13,20 +14,22 @@ IMPLS = ("auto", "reference", "pallas_triton", "pallas_tpu", "pallas_mosaic_gpu"
 DECODE_IMPLS = ("auto", "reference", "pallas_triton", "pallas_tpu")
 
 
-def _auto_impl() -> str:
-  backend = jax.default_backend()
-  if backend == "tpu":
+def auto_impl() -> str:
+  """The kernel ``impl="auto"`` runs on the platform compiled for (:func:`jaxrl._compile_target.compile_platform`:
+  a plan's target, else this process's backend): Pallas TPU on TPU, Pallas Triton on GPU, else the reference."""
+  platform = _compile_target.compile_platform()
+  if platform == "tpu":
     return "pallas_tpu"
-  if backend in ("gpu", "cuda", "rocm"):
+  if platform == "gpu":
     return "pallas_triton"
   return "reference"
 
 
 def resolve_impl(impl: str) -> str:
-  """The implementation :func:`attention` runs for ``impl`` on this backend (``"auto"`` resolved)."""
+  """The implementation :func:`attention` runs for ``impl`` on the platform compiled for (``"auto"`` resolved)."""
   if impl not in IMPLS:
     raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")
-  return _auto_impl() if impl == "auto" else impl
+  return auto_impl() if impl == "auto" else impl
 
 
 def _unavailable(impl: str):
@@ -138,7 +141,7 @@ def decode_attention(
   if impl not in DECODE_IMPLS:
     raise ValueError(f"unknown decode impl {impl!r}; choose one of {DECODE_IMPLS}")
   if impl == "auto":
-    impl = _auto_impl()
+    impl = auto_impl()
   kw = dict(sm_scale=sm_scale, softcap=softcap, window=window)
   if impl == "reference":
     return _decode.decode_attention_reference(q, k_cache, v_cache, lengths, **kw)

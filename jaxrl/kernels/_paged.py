@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl.kernels import _decode, _online_softmax
+from jaxrl.kernels import _decode, _dispatch, _online_softmax
 from jaxrl.kernels._common import LOG2E, next_pow2, pad_axis
 
 PAGED_IMPLS = ("auto", "reference", "pallas_triton", "pallas_tpu")
@@ -240,8 +240,7 @@ def paged_decode_attention(
   if impl not in PAGED_IMPLS:
     raise ValueError(f"unknown paged decode impl {impl!r}; choose one of {PAGED_IMPLS}")
   if impl == "auto":
-    backend = jax.default_backend()
-    impl = "pallas_tpu" if backend == "tpu" else "pallas_triton" if backend in ("gpu", "cuda", "rocm") else "reference"
+    impl = _dispatch.auto_impl()
   kw = dict(sm_scale=sm_scale, softcap=softcap, window=window)
   if impl == "reference":
     return paged_decode_attention_reference(q, k_pages, v_pages, block_tables, lengths, **kw)

@@ -8,7 +8,9 @@ in one chunk there is nothing to trade: the chunk's logits are kept for the back
 second ``h @ W``, no loop).
 
 Only reductions over the vocabulary are taken (max, ``Σ e^z``, ``Σ e^z·z``, the target's logit by an
-iota comparison; on CPU the target's logit is gathered instead, differentiated by the same comparison):
+iota comparison; on CPU the target's logit is gathered instead, differentiated by the same comparison; "CPU" is
+the platform the program is compiled for, ``jaxrl._compile_target.compile_platform``, so a plan for a TPU or GPU
+target traces the reduction):
 no ``[tokens, vocab]`` log-softmax, probabilities or one-hot is materialised besides the logits themselves
 (issue 20: the log-softmax and its gather cost as much as the ``h @ W`` matmul on CPU).
 """
@@ -19,6 +21,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
+
+from jaxrl import _compile_target
 
 
 def _check_temperature(temperature: float) -> None:
@@ -40,7 +44,7 @@ def _logprobs_entropy(logits, targets, temperature):
   lse = m[..., 0] + jnp.log(s)
   entropy = lse - jnp.sum(e * scaled, axis=-1) / s
   targets = targets.astype(jnp.int32)
-  if jax.default_backend() == "cpu":
+  if _compile_target.compile_platform() == "cpu":  # the platform compiled for (a plan's target), not the host's
     target_logit = _target_logit(scaled.shape[-1], scaled, targets)
   else:  # fused into the reduction there, and a vocabulary sharded over devices needs no gather
     vocab = jax.lax.broadcasted_iota(jnp.int32, scaled.shape, scaled.ndim - 1)

@@ -23,7 +23,7 @@ import dataclasses
 import types
 
 from jaxrl.plan._engine import budgets
-from jaxrl.plan._measure import Plan, build_mesh_shape, measure_programs, model_config
+from jaxrl.plan._measure import Plan, build_mesh_shape, for_target_platform, measure_programs, model_config
 from jaxrl.plan._measure import platform_attention, program_names, stage_programs
 from jaxrl.plan._programs import build_context, device_bytes, reference_params
 from jaxrl.plan._progress import QUIET
@@ -49,6 +49,7 @@ def _rollout_context(ctx):
   return dataclasses.replace(ctx, params=reference_params(ctx), state=types.SimpleNamespace(opt_state=()))
 
 
+@for_target_platform
 def plan_async(cfg, target_name: str, *, attention: str | None = None, layers: int | None = None,
                programs: tuple[str, ...] | None = None, stages: tuple[int, ...] | None = None,
                recipe: str = "", progress=None, compile: bool = True):

@@ -7,15 +7,17 @@ shapes; the pieces both the single-mesh plan (:mod:`jaxrl.plan._plan`) and the a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from pathlib import Path
 from typing import Any
 
 from jaxrl import sharding
+from jaxrl._compile_target import compiling_for
 from jaxrl.plan._programs import PROGRAMS, device_bytes
 from jaxrl.plan._progress import QUIET, Progress
-from jaxrl.targets import GiB, Target
+from jaxrl.targets import GiB, Target, get_target
 
 _COLLECTIVE = re.compile(r"=\s*(\(?[^=]*?\)?)\s+(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
                          r"(?:-start)?\(")
@@ -219,8 +221,21 @@ class Plan:
     return dataclasses.asdict(self)
 
 
+def for_target_platform(plan_fn):
+  """``plan_fn(cfg, target_name, ...)`` run inside :func:`jaxrl._compile_target.compiling_for` the target's
+  platform: every program it builds, traces and compiles takes the target's platform-dependent choices (the
+  log-prob target logit, ``"auto"`` kernels, the engine's layer layout), not this CPU host's."""
+  @functools.wraps(plan_fn)
+  def run(cfg, target_name: str, *args, **kwargs):
+    with compiling_for(get_target(target_name).platform):
+      return plan_fn(cfg, target_name, *args, **kwargs)
+  return run
+
+
 def platform_attention(target: Target) -> str:
-  return "pallas_tpu" if target.platform == "tpu" else "pallas_triton"
+  """The attention kernel a plan compiles for ``target`` unless ``--attention`` names one: its platform's
+  Pallas kernel, the XLA reference for the ``cpu`` target (Pallas kernels do not compile for CPU)."""
+  return {"tpu": "pallas_tpu", "cuda": "pallas_triton"}.get(target.platform, "reference")
 
 
 def model_config(cfg, *, attention: str, layers: int | None):

@@ -21,7 +21,7 @@ from jax._src import xla_bridge
 from jaxrl import config as config_lib
 from jaxrl.plan._async import plan_async
 from jaxrl.plan._engine import budgets
-from jaxrl.plan._measure import Plan, Row, build_mesh_shape, gib, measure_programs, model_config
+from jaxrl.plan._measure import Plan, Row, build_mesh_shape, for_target_platform, gib, measure_programs, model_config
 from jaxrl.plan._measure import platform_attention, program_names, stage_programs
 from jaxrl.plan._pref import is_pref_recipe, load_pref_recipe, plan_pref, plan_section
 from jaxrl.plan._programs import build_context
@@ -43,6 +43,7 @@ def load_recipe(path: str | None, overrides=(), *, target: str | None = None):
   return cfg
 
 
+@for_target_platform
 def plan_recipe(cfg, target_name: str, *, attention: str | None = None, layers: int | None = None,
                 programs: tuple[str, ...] | None = None, stages: tuple[int, ...] | None = None,
                 recipe: str = "", verbose: bool = False, compile: bool = True,

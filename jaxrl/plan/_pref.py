@@ -26,7 +26,7 @@ from flax import nnx
 
 from jaxrl import config as config_lib
 from jaxrl import models, pref, sharding, train
-from jaxrl.plan._measure import Plan, build_mesh_shape, measure_programs, platform_attention
+from jaxrl.plan._measure import Plan, build_mesh_shape, for_target_platform, measure_programs, platform_attention
 from jaxrl.plan._programs import Program, abstract, abstract_train_state
 from jaxrl.plan._progress import Progress
 from jaxrl.rl import PlanSection
@@ -145,6 +145,7 @@ def _pair_batch(cfg: pref.DPOConfig, mesh, rules) -> dict[str, jax.ShapeDtypeStr
           for k, v in host.items()}
 
 
+@for_target_platform
 def plan_pref(cfg: pref.DPOConfig, target_name: str, *, attention: str | None = None, layers: int | None = None,
               programs: tuple[str, ...] | None = None, recipe: str = "", progress: Progress | None = None,
               compile: bool = True) -> Plan:

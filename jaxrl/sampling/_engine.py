@@ -58,7 +58,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl import kernels, models
+from jaxrl import _compile_target, kernels, models
 from jaxrl.models import cache_block_bytes, cache_shards
 from jaxrl.sampling import _layers, _vision
 from jaxrl.sampling._engine_pool import pool_blocks
@@ -165,7 +165,8 @@ class Engine(Scheduler):
     self.prefill_rows = prefill_rows
     self.eos_token_ids, self.pad_token_id = special_tokens(
         tokenizer, eos_token_ids, pad_token_id, functools.partial(check_token, tokenizer, self.cfg.vocab_size))
-    self.unstack_layers = jax.default_backend() == "cpu" if unstack_layers is None else bool(unstack_layers)
+    self.unstack_layers = (_compile_target.compile_platform() == "cpu" if unstack_layers is None
+                           else bool(unstack_layers))
     self.paged_impl = paged_impl or paged_impl_for(self.cfg.attention_impl)
     if self.paged_impl not in kernels.PAGED_IMPLS:
       raise ValueError(f"paged_impl: {self.paged_impl!r} is not one of {list(kernels.PAGED_IMPLS)}")

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl import kernels, models
+from jaxrl import _compile_target, kernels, models
 from jaxrl.sampling._requests import length_bucket
 from jaxrl.sampling._rows import Rows, decode_loop, emit
 
@@ -364,10 +364,12 @@ def prefill_batch_rows(prefill_rows: int, shards: int) -> int:
   return -(-prefill_rows // shards) * shards
 
 
-@functools.lru_cache(maxsize=64)
+@_compile_target.cache_per_platform(maxsize=64)
 def engine_programs(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
                     block_size, row_tile, top_logprobs: int = 0, entropy: bool = False) -> EnginePrograms:
   """The engine programs for one (model structure, mesh, rules, settings), memoized like the sampler's:
-  engines of equal settings (each paged ``Sampler.generate`` call builds one) share compiled programs."""
+  engines of equal settings (each paged ``Sampler.generate`` call builds one) share compiled programs. The key
+  also holds the platform compiled for (:func:`jaxrl._compile_target.compile_platform`): the programs trace
+  platform-dependent choices (the ``"auto"`` kernels), so a plan for a TPU target never reuses the host's."""
   return EnginePrograms(graphdef, cfg, mesh, rules, cache_dtype, paged_impl, num_slots, max_len, max_blocks, num_blocks,
                    block_size, row_tile, top_logprobs, entropy)

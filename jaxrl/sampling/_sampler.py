@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl import models
+from jaxrl import _compile_target, models
 from jaxrl.sampling import _layers, _vision
 from jaxrl.sampling._engine import Engine
 from jaxrl.sampling._paged import blocks_for
@@ -96,7 +96,8 @@ class Sampler:
     version: policy version recorded for tokens generated with the current weights.
     unstack_layers: sample from a copy of a ``scan_layers`` model with one array per layer
       (:func:`jaxrl.sampling.unstack_layers`): on CPU a scanned decode step copies every layer's
-      weight slice each step. Costs a copy of the block weights. Default: on the CPU backend.
+      weight slice each step. Costs a copy of the block weights. Default: when compiling for CPU
+      (:func:`jaxrl._compile_target.compile_platform`: this process's backend unless a plan says otherwise).
     paged: serve :meth:`generate` calls without ``max_steps`` / ``return_state`` on the rollout engine
       (:class:`jaxrl.sampling.Engine`: a paged cache sized to this call's rows, completions not rounded
       up past one block) instead of the whole-batch cache; resumable generations (``max_steps``,
@@ -129,7 +130,7 @@ class Sampler:
     self.eos_token_ids, self.pad_token_id = special_tokens(
         tokenizer, eos_token_ids, pad_token_id, functools.partial(check_token, tokenizer, self.cfg.vocab_size))
     if unstack_layers is None:
-      unstack_layers = jax.default_backend() == "cpu"
+      unstack_layers = _compile_target.compile_platform() == "cpu"
     self.unstack_layers = bool(unstack_layers)
     self.source_graphdef = nnx.graphdef(model)
     self.graphdef, self.params = nnx.split(self._placed(model))

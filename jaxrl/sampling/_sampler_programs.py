@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl import models
+from jaxrl import _compile_target, models
 from jaxrl.sampling import _decode, _latent
 from jaxrl.sampling._requests import Stops
 from jaxrl.sampling._rows import Rows, decode_loop, emit
@@ -163,10 +163,11 @@ class _Programs:
     return carry, emit(rows, logits, version, stops)
 
 
-@functools.lru_cache(maxsize=64)
+@_compile_target.cache_per_platform(maxsize=64)
 def sampler_programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl) -> _Programs:
   """The :class:`jaxrl.sampling.Sampler` programs for this model structure, mesh and options (cached:
-  samplers with equal arguments share one set and its compiled buckets)."""
+  samplers with equal arguments share one set and its compiled buckets; the key also holds the platform
+  compiled for, as :func:`jaxrl.sampling.engine_programs`'s)."""
   return _Programs(graphdef, cfg, mesh, rules, cache_dtype, decode_impl)
 
 

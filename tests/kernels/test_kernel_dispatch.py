@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from jaxrl import kernels
+from jaxrl._compile_target import compiling_for
+from jaxrl.kernels import _decode, _paged
 
 
 def small_inputs():
@@ -21,6 +23,27 @@ def test_auto_is_the_reference_on_cpu():
   got = jax.jit(lambda q, k, v: kernels.attention(q, k, v, segment_ids=seg))(q, k, v)
   want = jax.jit(lambda q, k, v: kernels.attention_reference(q, k, v, segment_ids=seg))(q, k, v)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("platform, impl, suffix", [("cpu", "reference", "reference"), ("tpu", "pallas_tpu", "tpu"),
+                                                     ("gpu", "pallas_triton", "triton"),
+                                                     ("cuda", "pallas_triton", "triton")])
+def test_auto_resolves_for_the_platform_compiled_for(monkeypatch, platform, impl, suffix):
+  """``impl="auto"`` (attention, decode, paged decode) is the kernel of the platform the program is compiled
+  for (``compiling_for``: a plan's target), not this CPU host's; each kernel entry point is replaced by a
+  recorder, so nothing runs."""
+  called = []
+  for module, name in ((_decode, "decode_attention_"), (_paged, "paged_decode_attention_")):
+    for kind in ("reference", "tpu", "triton"):
+      monkeypatch.setattr(module, name + kind, lambda *a, _n=name + kind, **k: called.append(_n))
+  q, k, v, seg = small_inputs()
+  lengths = jnp.array([3, 4])
+  with compiling_for(platform):
+    assert kernels.resolve_impl("auto") == impl
+    kernels.decode_attention(q[:, 0], k, v, lengths)
+    kernels.paged_decode_attention(q[:, 0], k[0], v[0], jnp.zeros((2, 1), jnp.int32), lengths)
+  assert called == [f"decode_attention_{suffix}", f"paged_decode_attention_{suffix}"]
+  assert kernels.resolve_impl("auto") == "reference"  # outside: the host's backend again
 
 
 def test_unknown_impl_is_rejected():

@@ -1,10 +1,14 @@
-"""Chunked log-probs: parity with the naive log-softmax gather, temperature, memory."""
+"""Chunked log-probs: parity with the naive log-softmax gather and a float64 reference, the target logit traced
+for the platform compiled for, temperature, memory."""
+
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl._compile_target import compile_platform, compiling_for
 from jaxrl.losses._logprobs import logprobs_from_logits, token_logprobs
 
 
@@ -70,25 +74,86 @@ def test_out_of_range_targets_read_zero_and_get_no_gradient():
   np.testing.assert_allclose(dh[0, :3], -(probs[0, :3] @ unembed.T), rtol=1e-5, atol=1e-6)  # −∂lse only
 
 
+def _objective(targets, coef, chunk_size, temperature=0.7):
+  """A fresh ``(h, w) -> (Σ c0·logp + c1·H, (logp, H))`` each call: ``jax.jit`` caches traces by function,
+  so every platform gets its own trace."""
+  def f(h, w):
+    logp, ent = token_logprobs(h, w, jnp.asarray(targets), chunk_size=chunk_size, temperature=temperature,
+                               return_entropy=True)
+    return jnp.sum(coef[0] * logp + coef[1] * ent), (logp, ent)
+  return f
+
+
+def _reference64(hidden, unembed, targets, coef, temperature):
+  """float64 numpy: ``(objective, logp, H, d/dh, d/dW)`` of :func:`_objective`. With ``z = h W / T``,
+  ``p = softmax(z)``: ``∂ log p_y / ∂z = 1[v = y] − p`` and ``∂H / ∂z = −p (log p + H)``; a target outside
+  the vocabulary reads a zero logit (``log p = −lse``) and has no one-hot term."""
+  h, w = hidden.astype(np.float64), unembed.astype(np.float64)
+  z = np.einsum("btd,dv->btv", h, w) / temperature
+  m = z.max(-1, keepdims=True)
+  lse = m + np.log(np.exp(z - m).sum(-1, keepdims=True))
+  logp_all = z - lse
+  p = np.exp(logp_all)
+  onehot = np.arange(z.shape[-1]) == targets[..., None]
+  logp = np.where(onehot, z, 0.0).sum(-1) - lse[..., 0]
+  ent = -(p * logp_all).sum(-1)
+  gz = coef[0][..., None] * (onehot - p) - coef[1][..., None] * p * (logp_all + ent[..., None])
+  dh = np.einsum("btv,dv->btd", gz, w) / temperature
+  dw = np.einsum("btd,btv->dv", h, gz) / temperature
+  return np.sum(coef[0] * logp + coef[1] * ent), logp, ent, dh, dw
+
+
+def _gathers_of_logits(text: str, vocab: int) -> int:
+  """Gathers in a lowered module whose operand is ``[..., vocab]`` float32 logits (the CPU target logit);
+  the embedding lookup's operand is ``[vocab, D]``."""
+  return len(re.findall(rf'"?stablehlo\.gather"?\(.*?: \(tensor<(?:\d+x)*{vocab}xf32>', text))
+
+
+@pytest.mark.parametrize("chunk_size", [4, 64])  # several chunks (lax.map, rematerialised) / one chunk
+@pytest.mark.parametrize("platform, gathers", [("cpu", True), ("tpu", False), ("gpu", False), ("cuda", False)])
+def test_target_logit_is_traced_for_the_platform_compiled_for(platform, gathers, chunk_size):
+  """``compiling_for`` picks the target logit traced into the value and gradient: a gather of the logits
+  when compiling for CPU, the iota-select reduction (no gather at all) for TPU and GPU (``jaxrl plan`` on a
+  CPU host compiles those for its targets)."""
+  hidden, unembed, targets = _inputs(seed=4)
+  coef = np.ones((2, 2, 13), np.float32)
+  with compiling_for(platform):
+    text = jax.jit(jax.value_and_grad(_objective(targets, coef, chunk_size), argnums=(0, 1), has_aux=True)
+                   ).lower(hidden, unembed).as_text()
+  assert (_gathers_of_logits(text, 37) > 0) == gathers, text
+  if not gathers:
+    assert "gather" not in text and "scatter" not in text
+
+
+def test_host_backend_is_the_platform_outside_compiling_for():
+  """Outside any ``compiling_for``, the platform is this process's backend: CPU here, so the gather."""
+  hidden, unembed, targets = _inputs(seed=4)
+  assert compile_platform() == jax.default_backend() == "cpu"
+  f = _objective(targets, np.ones((2, 2, 13), np.float32), 64)
+  assert _gathers_of_logits(jax.jit(f).lower(hidden, unembed).as_text(), 37) == 1
+
+
 @pytest.mark.parametrize("chunk_size", [4, 64])
-def test_cpu_gather_and_other_backends_one_hot_sum_agree_exactly(monkeypatch, chunk_size):
-  """The CPU backend gathers the target logit, the others sum a one-hot select: the same values and
-  gradients, bit for bit."""
+def test_cpu_gather_and_other_platforms_one_hot_sum_agree_exactly_and_with_float64(chunk_size):
+  """The CPU variant gathers the target logit, the TPU/GPU one sums a one-hot select: the same values and
+  gradients, bit for bit, and both the float64 reference's (targets outside the vocabulary included)."""
   hidden, unembed, targets = _inputs(seed=4)
   targets[1, :2] = [-1, 37]  # outside the vocabulary
   coef = np.random.default_rng(5).normal(size=(2, 2, 13)).astype(np.float32)
 
-  def run():
-    def f(h, w):
-      logp, ent = token_logprobs(h, w, jnp.asarray(targets), chunk_size=chunk_size, temperature=0.7,
-                                 return_entropy=True)
-      return jnp.sum(coef[0] * logp + coef[1] * ent), (logp, ent)
-    return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(hidden, unembed)
-  cpu = run()
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  other = run()
-  for got, want in zip(jax.tree.leaves(other), jax.tree.leaves(cpu)):
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  def run(platform):
+    with compiling_for(platform):
+      fn = jax.jit(jax.value_and_grad(_objective(targets, coef, chunk_size), argnums=(0, 1), has_aux=True))
+      (loss, (logp, ent)), (dh, dw) = fn(hidden, unembed)
+    return [np.asarray(x) for x in (loss, logp, ent, dh, dw)]
+
+  cpu = run("cpu")
+  want = _reference64(hidden, unembed, targets, coef, 0.7)
+  for platform in ("tpu", "gpu"):
+    for got, same in zip(run(platform), cpu):
+      np.testing.assert_array_equal(got, same, err_msg=platform)
+  for got, ref, name in zip(cpu, want, ("objective", "logp", "entropy", "d/dh", "d/dW")):
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_temperature_is_log_softmax_of_scaled_logits():

@@ -8,6 +8,7 @@ from flax import nnx
 from sampling_testlib import HF_FIXTURES, recomputed_logprobs
 
 from jaxrl import models, sampling, sharding
+from jaxrl._compile_target import compiling_for
 
 NEW = 16
 PROMPT_LENS = (3, 6, 11)  # few distinct lengths: the trainer-style recompute groups rows by length
@@ -343,3 +344,14 @@ def test_paged_sampler_second_call_with_the_same_shapes_compiles_nothing(qwen3):
   out = paged.generate([[8, 9, 10], [11, 12]], seed=2, **kw)
   assert out.lengths.tolist() == [9] * 4
   assert dict(paged.compile_counts) == first
+
+
+@pytest.mark.parametrize("platform, unstacked", [("cpu", True), ("tpu", False), ("gpu", False)])
+def test_engine_unstacks_the_layers_only_when_compiling_for_cpu(qwen3, platform, unstacked):
+  """``unstack_layers``' default follows the platform compiled for (``compiling_for``: a plan's target), not
+  this CPU host: a scanned model keeps its stacked layers for TPU and GPU, as the engine there holds them."""
+  assert qwen3.cfg.scan_layers
+  with compiling_for(platform):
+    engine = _engine(qwen3)
+  assert engine.unstack_layers is unstacked
+  assert nnx.merge(engine.graphdef, engine.params).cfg.scan_layers is not unstacked

@@ -7,6 +7,7 @@ from flax import nnx
 from sampling_testlib import FIXTURE_NAMES, HF_FIXTURES, recomputed_log_softmax, recomputed_logprobs
 
 from jaxrl import models, sampling, sharding
+from jaxrl._compile_target import compiling_for
 
 NEW = 16  # the reference's new tokens
 
@@ -297,3 +298,14 @@ def test_unmerged_lora_adapters_sample_like_their_merged_weights(decode_impl, qw
   np.testing.assert_allclose(runs["lora"].logprobs, recomputed_logprobs(adapted, prompt, runs["lora"].tokens, 1.0),
                              atol=1e-5, rtol=0)
   assert not np.array_equal(runs["lora"].tokens, runs["base"].tokens)
+
+
+@pytest.mark.parametrize("platform, unstacked", [("cpu", True), ("tpu", False), ("gpu", False)])
+def test_sampler_unstacks_the_layers_only_when_compiling_for_cpu(fixture_models, platform, unstacked):
+  """``unstack_layers``' default follows the platform compiled for (``compiling_for``), not this CPU host."""
+  model = fixture_models["qwen3"]
+  assert model.cfg.scan_layers
+  with compiling_for(platform):
+    sampler = sampling.Sampler(model, None, max_len=64, eos_token_ids=[])
+  assert sampler.unstack_layers is unstacked
+  assert nnx.merge(sampler.graphdef, sampler.params).cfg.scan_layers is not unstacked
