@@ -147,6 +147,7 @@ class FixedCompletions:
       self.completions.append(completion.astype(np.int32))
       self.texts.append(data_lib.record_messages(rec)[-1]["content"])
     self.seed = seed
+    self._epoch, self._order = -1, None  # the last epoch's order: a step's rows share it
 
   def __len__(self) -> int:
     return len(self.completions)
@@ -154,7 +155,9 @@ class FixedCompletions:
   def index(self, position: int) -> int:
     """The record at stream ``position`` (0, 1, ...): epoch ``position // len`` in its own seeded order."""
     epoch, k = divmod(position, len(self))
-    return int(np.random.default_rng([self.seed, epoch]).permutation(len(self))[k])
+    if epoch != self._epoch:
+      self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self))
+    return int(self._order[k])
 
   def rollout(self, positions, *, width: int, n: int) -> Rollout:
     """The records at stream ``positions`` as a :class:`Rollout` of groups of ``n`` (zero rewards and sampler
