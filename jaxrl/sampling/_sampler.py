@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl import _compile_target, models
+from jaxrl import _compile_target, _host_memory, models
 from jaxrl.sampling import _layers, _vision
 from jaxrl.sampling._engine import Engine
 from jaxrl.sampling._paged import blocks_for
@@ -196,9 +196,13 @@ class Sampler:
     self._release(keep=set())
 
   def _release(self, *, keep: set[int]) -> None:
+    freed = False
     for x in self._owned:
       if id(x) not in keep and not x.is_deleted():
         x.delete()
+        freed = True
+    if freed:  # on CPU the copy was malloc'd block by block: give its pages back, not only to malloc
+      _host_memory.trim()
     self._owned = []
     self.params = None
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.ad_checkpoint import print_saved_residuals
 
 from model_testlib import (HF_FIXTURES, TEST_CFG, arange_positions, cached_step, flat_arrays, forward,
                            logits_and_grads, packed_batch)
@@ -206,3 +207,30 @@ def test_mismatched_cache_is_refused(fixture_models):
     model(tokens, positions=tokens, segment_ids=tokens, cache=wrong, cache_start=jnp.zeros(2, jnp.int32))
   with pytest.raises(ValueError, match="cache and cache_start must be given together"):
     model(tokens, positions=tokens, segment_ids=tokens, cache=wrong)
+
+
+def test_swiglu_keeps_only_gate_and_up_for_the_backward_pass(capsys):
+  """Issue 34 item 4: the MLP saves its two projections and recomputes ``silu(gate) · up`` (and the sigmoid)
+  in the backward pass; left to autodiff it also kept sigmoid(gate), silu(gate) and the product, three more
+  ``[B, T, F]`` arrays per layer. Gradients equal the unrematerialised MLP's."""
+  cfg = dataclasses.replace(TEST_CFG, dtype="float32")
+  mlp = models._transformer.MLP(cfg, rngs=nnx.Rngs(0))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, cfg.hidden_size)), jnp.float32)
+  graphdef, params = nnx.split(mlp)
+
+  def loss(params, x):
+    return jnp.sum(nnx.merge(graphdef, params)(x) ** 2)
+
+  print_saved_residuals(loss, params, x)
+  wide = [line for line in capsys.readouterr().out.splitlines() if f"[2,5,{cfg.intermediate_size}]" in line]
+  assert len(wide) == 2 and all("dot_general" in line for line in wide), wide  # x·W_gate and x·W_up
+
+  def plain(params, x):
+    m = nnx.merge(graphdef, params)
+    dt = jnp.float32
+    gate, up = x @ m.gate_proj[...].astype(dt), x @ m.up_proj[...].astype(dt)
+    return jnp.sum(((jax.nn.silu(gate) * up) @ m.down_proj[...].astype(dt)) ** 2)
+
+  got, want = jax.grad(loss)(params, x), jax.grad(plain)(params, x)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)

@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 from sampling_testlib import FIXTURE_NAMES, HF_FIXTURES, recomputed_log_softmax, recomputed_logprobs
 
-from jaxrl import models, sampling, sharding
+from jaxrl import _host_memory, models, sampling, sharding
 from jaxrl._compile_target import compiling_for
 
 NEW = 16  # the reference's new tokens
@@ -121,7 +121,7 @@ def test_resume_with_new_weights_records_versions_and_recomputes_cache(fixture_m
 
 
 def test_released_weights_are_refused_until_set_weights_and_the_copy_shares_the_embedding(
-    fixture_models, qwen3_reference):
+    fixture_models, qwen3_reference, monkeypatch):
   """The memory contract (issue 34): the unstacked sampling copy shares the source's non-layer arrays (the
   embedding is not copied), release_weights drops the copy (generate then refuses) and set_weights gives
   the sampler the same tokens as before."""
@@ -134,9 +134,14 @@ def test_released_weights_are_refused_until_set_weights_and_the_copy_shares_the_
   source = jax.tree.leaves(nnx.state(model))
   copies = [x for x in jax.tree.leaves(sampler.params) if not any(x is y for y in source)]
   assert len(copies) == model.cfg.num_layers * len(jax.tree.leaves(nnx.state(model.layers)))
+  trims = []
+  monkeypatch.setattr(_host_memory, "trim", lambda: trims.append(1) or True)
   sampler.release_weights()
   assert sampler.params is None
   assert all(x.is_deleted() for x in copies)  # the per-layer copies are freed at once, not by the GC
+  assert trims == [1]  # and their pages handed back to the OS (tests/test_host_memory.py)
+  sampler.release_weights()
+  assert trims == [1]  # nothing more was freed: no second trim
   assert not any(x.is_deleted() for x in source)  # the caller's arrays are not touched
   with pytest.raises(RuntimeError, match="release_weights"):
     sampler.generate(prompt, max_new_tokens=NEW, temperature=0.0)
