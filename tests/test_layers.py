@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("", "config", "targets", "_cache", "_platform", "_extras", "_compile_target"),
+    ("", "config", "targets", "_cache", "_platform", "_extras", "_compile_target", "_host_memory"),
     ("sharding",),
     ("kernels",),
     ("models",),
