@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
+import os
 import sys
 
 import numpy as np
@@ -16,17 +16,10 @@ BLOCKS = 4096  # 256 MiB
 
 def _rss_bytes() -> int:
   with open("/proc/self/statm") as f:
-    return int(f.read().split()[1]) * 4096
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _glibc() -> bool:
-  try:
-    return sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
-  except OSError:
-    return False
-
-
-@pytest.mark.skipif(not _glibc(), reason="malloc_trim is glibc's; elsewhere trim() does nothing (tested below)")
+@pytest.mark.skipif(_host_memory._malloc_trim() is None, reason="malloc_trim is glibc's; elsewhere trim() does nothing (tested below)")
 def test_trim_returns_freed_heap_memory_to_the_os():
   """Heap blocks freed below a live one stay resident (free() only trims the heap's top); trim() hands them
   back. Without it the resident set stays where it was."""

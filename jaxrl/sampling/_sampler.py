@@ -193,18 +193,20 @@ class Sampler:
     The arrays the sampler made itself (cast or unstacked copies, not the caller's) are deleted here, not
     left to the garbage collector: the intermediate modules they were built through can sit in reference
     cycles and would keep them alive into the update."""
-    self._release(keep=set())
+    if self._release(keep=set()):  # on CPU the copy was malloc'd block by block: give its pages back to the OS
+      _host_memory.trim()
 
-  def _release(self, *, keep: set[int]) -> None:
+  def _release(self, *, keep: set[int]) -> bool:
+    """Deletes the arrays the sampler made (not those in ``keep``); True if it deleted any. No trim here:
+    :meth:`set_weights` allocates the new copy straight after, into the pages just freed."""
     freed = False
     for x in self._owned:
       if id(x) not in keep and not x.is_deleted():
         x.delete()
         freed = True
-    if freed:  # on CPU the copy was malloc'd block by block: give its pages back, not only to malloc
-      _host_memory.trim()
     self._owned = []
     self.params = None
+    return freed
 
   def _weights(self):
     if self.params is None:
