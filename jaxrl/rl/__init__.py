@@ -31,7 +31,8 @@ from jaxrl.rl._distill import Teacher, check_shared_vocab
 from jaxrl.rl._distill_server import ServerTeacher
 from jaxrl.rl._engine_build import build_engine, build_sampler, rollout_max_len
 from jaxrl.rl._loss import make_logprob_fn, make_loss_fn, make_prepare, policy_logprobs
-from jaxrl.rl._packing import PackedBatch, agree_patch_bucket, assign_micro_batches, pack_sequences
+from jaxrl.rl._packing import (PackedBatch, agree_patch_bucket, assign_micro_batches, loss_column_capacity,
+                               pack_sequences, with_loss_columns)
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, read_records, reward_fields
 from jaxrl.rl._rewards import arithmetic_reward, image_answer_reward, weighted_reward
 from jaxrl.rl._rubric_arm import PairData, RubricARM, RubricARMConfig, arithmetic_pairs
@@ -96,6 +97,7 @@ __all__ = [
     "draw_rounds",
     "informative_groups",
     "load_prompt_sets",
+    "loss_column_capacity",
     "loss_mask",
     "make_learner_step",
     "make_logprob_fn",
@@ -114,4 +116,5 @@ __all__ = [
     "split_devices",
     "total_rewards",
     "weighted_reward",
+    "with_loss_columns",
 ]

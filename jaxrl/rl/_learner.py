@@ -39,8 +39,8 @@ def make_logprob_program(fn, num_micro: int, *, mesh, batch_sharding):
   ``make_logprob_fn`` function), scanning the ``num_micro`` micro-batches on device (one micro-batch live at a
   time); the result stays on device with ``batch_sharding``. A VLM batch's images (``pixel_values``, the
   ``models.VISION_LAYOUT_KEYS`` arrays, ``image_token_mask``) and ``rope_positions`` go with it when present."""
-  keys = ("tokens", "targets", "positions", "segment_ids", "rope_positions", "image_token_mask", "pixel_values",
-          *models.VISION_LAYOUT_KEYS)
+  keys = ("tokens", "targets", "positions", "segment_ids", "loss_columns", "rope_positions", "image_token_mask",
+          "pixel_values", *models.VISION_LAYOUT_KEYS)
 
   def run(params, batch, *frozen):
     micro = train.split_micro_batches({k: batch[k] for k in keys if k in batch}, num_micro, mesh=mesh)

@@ -27,13 +27,34 @@ def policy_hidden(graphdef, params, mb):
                       return_hidden=True)
 
 
+def head_logprobs(model, hidden, mb, *, temperature: float, chunk_size: int, return_entropy: bool = False):
+  """:func:`jaxrl.losses.token_logprobs` of ``hidden [B, T, D]`` against ``mb["targets"]``, ``[B, T]``.
+
+  When ``mb`` carries ``loss_columns [B, K]`` (:func:`jaxrl.rl.with_loss_columns`: each row's loss positions,
+  padded with ``T``), the head runs on those ``K`` columns only and its output is scattered back, zero elsewhere:
+  a prompt's positions cost no ``[D, V]`` matmul and softmax, forward or backward. The gather's index is
+  clipped and the scatter drops the padding, so padded columns contribute nothing.
+  """
+  kw = dict(chunk_size=chunk_size, temperature=temperature, return_entropy=return_entropy)
+  cols = mb.get("loss_columns")
+  if cols is None:
+    return losses.token_logprobs(hidden, model.unembed_matrix(), mb["targets"], **kw)
+  picked = jnp.take_along_axis(hidden, cols[..., None], axis=1, mode="clip")  # [B, K, D]
+  targets = jnp.take_along_axis(mb["targets"], cols, axis=1, mode="clip")  # [B, K]
+  out = losses.token_logprobs(picked, model.unembed_matrix(), targets, **kw)
+  rows = jnp.arange(cols.shape[0])[:, None]
+  back = lambda x: jnp.zeros(mb["targets"].shape, x.dtype).at[rows, cols].set(x, mode="drop")  # [B, T]
+  return jax.tree.map(back, out)
+
+
 def policy_logprobs(graphdef, params, mb, *, temperature: float, chunk_size: int, return_entropy: bool = False):
-  """``log π(targets)`` (and entropy) at ``temperature`` over packed rows, float32 ``[B, T]``; a VLM's
-  rows carry ``rope_positions`` and per-row images (:meth:`jaxrl.models.VisionInputs.from_batch`), which the
-  rollout must hand over exactly as it sampled them."""
+  """``log π(targets)`` (and entropy) at ``temperature`` over packed rows, float32 ``[B, T]`` (only at
+  ``loss_columns`` when the rows carry them, :func:`head_logprobs`); a VLM's rows carry ``rope_positions`` and
+  per-row images (:meth:`jaxrl.models.VisionInputs.from_batch`), which the rollout must hand over exactly as it
+  sampled them."""
   model, hidden = policy_hidden(graphdef, params, mb)  # [B, T, D]
-  return losses.token_logprobs(hidden, model.unembed_matrix(), mb["targets"], chunk_size=chunk_size,
-                               temperature=temperature, return_entropy=return_entropy)
+  return head_logprobs(model, hidden, mb, chunk_size=chunk_size, temperature=temperature,
+                       return_entropy=return_entropy)
 
 
 def make_logprob_fn(graphdef, *, temperature: float, chunk_size: int, lora: bool = False,
@@ -92,8 +113,8 @@ def make_loss_fn(graphdef, algo: AlgorithmConfig, *, temperature: float, num_mic
 
   def loss_fn(params, mb, current_as_old, *extra):
     model, hidden = policy_hidden(graphdef, params, mb)  # [B, T, D]
-    logp, entropy = losses.token_logprobs(hidden, model.unembed_matrix(), mb["targets"], temperature=temperature,
-                                          chunk_size=algo.logprob_chunk_size, return_entropy=True)  # [B, T]
+    logp, entropy = head_logprobs(model, hidden, mb, temperature=temperature, chunk_size=algo.logprob_chunk_size,
+                                  return_entropy=True)  # [B, T]
     w, mask = mb["weights"], mb["loss_mask"]
     sampler_lp = mb["sampler_logprobs"]
     old = jnp.where(current_as_old, jax.lax.stop_gradient(logp), mb["old_logprobs"])

@@ -188,6 +188,32 @@ def pack_sequences(seqs: Sequence[dict[str, np.ndarray]], *, row_len: int, rows:
   return PackedBatch(arrays=arrays, num_micro=len(assignment), tokens=int(sum(lengths)), assignment=assignment)
 
 
+def loss_column_capacity(most: int, row_len: int) -> int:
+  """``K``, the per-row loss-column capacity for a batch whose fullest row has ``most`` loss tokens: ``most``
+  rounded up to a granule of ``row_len / 8`` (a multiple of 8), so a run compiles at most 8 widths; ``row_len``
+  when that is no narrower (the head then runs on every column, as without the gather)."""
+  granule = max(8, -(-row_len // 64) * 8)
+  return min(row_len, -(-max(int(most), 1) // granule) * granule)
+
+
+def with_loss_columns(pb: PackedBatch, width: int) -> PackedBatch:
+  """``pb`` with ``loss_columns [M, R, width]``: each row's loss positions (``loss_mask > 0``) in order, padded
+  with ``row_len`` (out of range: dropped where :func:`jaxrl.rl.policy_logprobs` scatters the head's output back).
+
+  The log-prob head (the ``[D, V]`` unembedding, float32 softmax) then runs on ``width`` columns per row, not on
+  every packed position: a prompt's tokens are never scored (TRL's ``logits_to_keep``). Every process must pass
+  the same ``width`` (:func:`loss_column_capacity` of the largest count over processes)."""
+  mask = pb.arrays["loss_mask"] > 0  # [M, R, T]
+  most = int(mask.sum(-1).max(initial=0))
+  if most > width:
+    raise ValueError(f"with_loss_columns: a row has {most} loss tokens, more than width={width}")
+  row_len = mask.shape[-1]
+  # A stable argsort of "not a loss position" puts each row's loss columns first, in order.
+  cols = np.argsort(~mask, axis=-1, kind="stable")[..., :width].astype(np.int32)
+  cols[np.arange(width) >= mask.sum(-1, keepdims=True)] = row_len
+  return dataclasses.replace(pb, arrays={**pb.arrays, "loss_columns": cols})
+
+
 def agree_patch_bucket(pb: PackedBatch, vision) -> PackedBatch:
   """``pb`` with its per-row patch bucket ``P`` raised to the largest over processes.
 

@@ -48,7 +48,8 @@ from jaxrl.rl._distill_server import ServerTeacher
 from jaxrl.rl._engine_build import build_sampler, rollout_max_len
 from jaxrl.rl._learner import make_learner_step, make_logprob_program, packed_layout, step_metrics, update_metrics
 from jaxrl.rl._loss import make_logprob_fn
-from jaxrl.rl._packing import PackedBatch, agree_patch_bucket, pack_sequences, pad_micro_batches
+from jaxrl.rl._packing import (PackedBatch, agree_patch_bucket, loss_column_capacity, pack_sequences,
+                                pad_micro_batches, with_loss_columns)
 from jaxrl.rl._prm import load_implicit_prm, process_advantages, rollout_process_rewards
 from jaxrl.rl._prompts import EncodedPrompts, PromptStream, load_prompt_sets, reward_fields, rm_prompt
 from jaxrl.rl._rollout import Rollout, compute_advantages, loss_mask, sample_records, sequence_fields
@@ -142,11 +143,15 @@ class RLTrainer:
     self.critic = (_critic.Critic(cfg, mesh=self.mesh, rules=self.rules, batch_sharding=self.batch_sharding)
                    if cfg.critic is not None else None)  # PPO's value model (gae/egae)
     self.data_parallel = math.prod(self.mesh.shape[a] for a in self.rules.mesh_axes("batch"))
+    # The head scores each row's loss columns only (rl.with_loss_columns), unless the rows' positions are split
+    # over a sequence axis: gathering them would collect every shard's hidden states.
+    self.gather_loss_columns = math.prod(self.mesh.shape.get(a, 1) for a in self.rules.mesh_axes("seq")) == 1
     for first in [1] + [s.start_step for s in cfg.rollout.context_schedule]:
       self.layout(first)  # every stage's micro-batch shape is checked up front
     self.logprob_fn = make_logprob_fn(self.graphdef, temperature=cfg.rollout.temperature,
                                       chunk_size=algo.logprob_chunk_size, lora=cfg.lora is not None)
     self._steps: dict[tuple[int, int], Any] = {}
+    self._loss_widths: dict[int, int] = {}  # row length -> loss-column width (:meth:`_loss_width`)
     self._logprob_programs: dict[tuple[int, int], Any] = {}
     self.sampler: sampling.Sampler | sampling.Engine | None = None
     # Training rollouts come from the source; evaluation samples on the same backend (:meth:`_sampler_for`). A
@@ -351,6 +356,28 @@ class RLTrainer:
     padded[:, :dense.shape[1]] = dense
     return sharding.allgather_rows({"d": padded})[0]["d"][:, :width]
 
+  def _loss_width(self, pb: PackedBatch, row_len: int) -> int:
+    """The loss-column width ``K`` of ``row_len``-token rows (:func:`with_loss_columns`), the same on every process.
+
+    A row's loss tokens are its responses' tokens. A sequence of ``P + n − 1`` positions scores its ``n ≤ C``
+    response tokens (``C``: the largest ``max_new_tokens``), so with ``p`` the shortest training prompt a row of
+    ``k`` sequences holds at most ``min(k·C, row_len − k·(p − 1))`` of them. The largest over ``k``, rounded up to
+    a multiple of 8, is the width: fixed between steps (no recompiles). A row over it (a source whose prompts or
+    responses break those bounds) widens it for the rest of the run (:func:`loss_column_capacity` of the largest
+    count over processes)."""
+    width = self._loss_widths.get(row_len)
+    if width is None:
+      shortest = min((len(x) for x in self.train_prompts.ids), default=1)
+      most = self.cfg.rollout.max_max_new_tokens
+      bound = max(min(k * most, row_len - k * (shortest - 1)) for k in range(1, row_len + 1))
+      width = min(row_len, -(-bound // 8) * 8)
+      width = self._loss_widths[row_len] = int(sharding.allgather_scalar(width).max())
+    most = int((pb.arrays["loss_mask"] > 0).sum(-1).max(initial=0))
+    most = int(sharding.allgather_scalar(most).max())
+    if most > width:
+      width = self._loss_widths[row_len] = loss_column_capacity(most, row_len)
+    return width
+
   def pack(self, rollout: Rollout, step: int, *,
            process_rewards: np.ndarray | None = None) -> tuple[list[PackedBatch], dict[str, float]]:
     """Advantages, masks and this process's packed mini-batches of one step.
@@ -400,6 +427,10 @@ class RLTrainer:
                           bucket=cfg.micro_batch.bucket, vision=self.vision)
       pb = pad_micro_batches(pb, int(sharding.allgather_scalar(pb.shape[0]).max()))
       pb = agree_patch_bucket(pb, self.vision)  # one per-row patch bucket on every process
+      if self.gather_loss_columns:  # the log-prob head on each row's loss tokens only
+        width = self._loss_width(pb, row_len)
+        if width < row_len:
+          pb = with_loss_columns(pb, width)
       if remote and "teacher_logprobs" not in pb.arrays:  # no sample of this process in the mini-batch
         pb.arrays["teacher_logprobs"] = np.zeros_like(pb.arrays["loss_mask"])
       pb.arrays["mb_index"] = pb.arrays["mb_index"][..., None]

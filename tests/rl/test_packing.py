@@ -124,3 +124,61 @@ def test_decoupled_ppo_takes_the_sampler_as_behaviour_and_the_trainer_as_proxima
   _, metrics = loss("decoupled_ppo", np.asarray(mb["sampler_logprobs"]) + delta)
   weight = float(metrics["behav_weight_mean"]) / float(metrics["weight_sum"])
   np.testing.assert_allclose(weight, np.exp(0.1), rtol=1e-5)  # π_prox / π_behav, π_prox = the trainer's
+
+
+def test_loss_column_capacity_rounds_to_an_eighth_of_the_row():
+  assert rl.loss_column_capacity(16, 32) == 16  # granule 8
+  assert rl.loss_column_capacity(64, 96) == 64  # granule 16
+  assert rl.loss_column_capacity(65, 96) == 80
+  assert rl.loss_column_capacity(90, 96) == 96  # no narrower than the row: the head runs on every column
+  assert rl.loss_column_capacity(0, 32) == 8
+  assert rl.loss_column_capacity(4097, 32768) == 8192  # at most 8 widths per row length
+
+
+def test_the_head_on_loss_columns_only_gives_the_same_loss_gradient_and_logprobs(setup):
+  """``with_loss_columns`` scores each row's loss tokens only (prompts never reach the head); the loss (PPO-clip,
+  KL to a reference, entropy bonus), every metric, the gradient and the π_old/π_ref program's log-probs on the
+  loss tokens are those of the head on every column, and the program's other columns are zero."""
+  mesh, graphdef, params, seqs, groups = setup
+  pb = rl.pack_sequences(seqs, row_len=64, rows=8, bucket="exact")
+  mask = pb.arrays["loss_mask"] > 0  # [M, R, T]
+  width = rl.loss_column_capacity(mask.sum(-1).max(), 64)
+  assert width < 64 and mask.sum(-1).max() > 0
+  narrow = rl.with_loss_columns(pb, width)
+  cols = narrow.arrays["loss_columns"]
+  assert cols.shape == (*mask.shape[:2], width)
+  for m, r in np.ndindex(*mask.shape[:2]):
+    n = mask[m, r].sum()
+    np.testing.assert_array_equal(cols[m, r, :n], np.flatnonzero(mask[m, r]))
+    assert (cols[m, r, n:] == 64).all()  # padding: out of range, dropped by the scatter
+  with pytest.raises(ValueError, match="loss tokens, more than width"):
+    rl.with_loss_columns(pb, int(mask.sum(-1).max()) - 1)
+
+  bs = sharding.batch_sharding(mesh)
+  rng = np.random.default_rng(3)
+  noise = (0.05 * rng.standard_normal(mask.shape[1:])).astype(np.float32)
+  algo = rl.AlgorithmConfig(objective="clip_higher", kl_coef=0.1, entropy_coef=0.01)
+
+  def run(packed):
+    arrays = dict(packed.arrays, mb_index=packed.arrays["mb_index"][..., None])
+    mb = {k: jax.device_put(v[0], bs) for k, v in arrays.items()}
+    lp = np.asarray(mb["sampler_logprobs"])
+    mb = dict(mb, old_logprobs=jax.device_put(lp + noise * mask[0], bs),
+              ref_logprobs=jax.device_put(lp - noise * mask[0], bs))
+    mb = rl.make_prepare(algo, num_groups=groups, max_len=12)(mb)
+    loss_fn = rl.make_loss_fn(graphdef, algo, temperature=0.9, num_micro=1)
+    (loss, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, mb, jnp.asarray(False))
+    logp = rl.make_logprob_fn(graphdef, temperature=0.9, chunk_size=64)(params, mb)
+    return float(loss), jax.tree.map(np.asarray, metrics), jax.tree.leaves(grads), np.asarray(logp)
+
+  loss_all, metrics_all, grads_all, logp_all = run(pb)
+  loss_cols, metrics_cols, grads_cols, logp_cols = run(narrow)
+  np.testing.assert_allclose(loss_cols, loss_all, rtol=1e-5)
+  assert metrics_cols.keys() == metrics_all.keys()
+  for k in metrics_all:
+    np.testing.assert_allclose(metrics_cols[k], metrics_all[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(grads_cols, grads_all):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  assert max(float(np.abs(g).max()) for g in grads_all) > 1e-4  # a real gradient, not zeros
+  np.testing.assert_allclose(logp_cols[mask[0]], logp_all[mask[0]], rtol=1e-5)
+  assert (logp_cols[~mask[0]] == 0).all() and (logp_all[~mask[0]] != 0).any()

@@ -102,6 +102,31 @@ def test_overlong_filtering_masks_exactly_the_truncated_responses(recompute_run)
   assert some
 
 
+def test_packed_rows_carry_their_loss_columns_at_one_width_for_the_run(recompute_run):
+  """The head scores each row's loss tokens only (``loss_columns``), at a width fixed by the shortest training
+  prompt (no recompile between steps); a row over it widens it for the rest of the run."""
+  trainer, _, seen = recompute_run
+  step, ro = seen[-1]
+  row_len = trainer.layout(step)[0]
+  shortest = min(len(x) for x in trainer.train_prompts.ids)
+  width = trainer._loss_widths[row_len]
+  most = trainer.cfg.rollout.max_max_new_tokens
+  bound = max(min(k * most, row_len - k * (shortest - 1)) for k in range(1, row_len // shortest + 1))
+  assert width == min(row_len, -(-bound // 8) * 8) < row_len
+  for pb in trainer.pack(ro, step)[0]:
+    mask, cols = pb.arrays["loss_mask"] > 0, pb.arrays["loss_columns"]
+    assert cols.shape == (*mask.shape[:2], width)
+    got = np.zeros_like(mask)
+    np.put_along_axis(got, np.minimum(cols, row_len - 1), True, axis=-1)  # padding (row_len) lands on the last
+    np.testing.assert_array_equal(got[..., :-1], mask[..., :-1])
+  full = rl.PackedBatch({"loss_mask": np.ones((1, 1, row_len), np.float32)}, 1, row_len, [])
+  try:
+    assert trainer._loss_width(full, row_len) == row_len
+    assert trainer._loss_widths[row_len] == row_len  # kept
+  finally:
+    trainer._loss_widths[row_len] = width
+
+
 @pytest.fixture(scope="module")
 def learning_run(tmp_path_factory):
   """π_old from the sampler; a dense reward a random policy can learn within a few steps."""
