@@ -19,7 +19,8 @@ def _rss_bytes() -> int:
     return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.skipif(_host_memory._malloc_trim() is None, reason="malloc_trim is glibc's; elsewhere trim() does nothing (tested below)")
+@pytest.mark.skipif(_host_memory._malloc_trim() is None,
+                    reason="malloc_trim is glibc's; elsewhere trim() does nothing (tested below)")
 def test_trim_returns_freed_heap_memory_to_the_os():
   """Heap blocks freed below a live one stay resident (free() only trims the heap's top); trim() hands them
   back. Without it the resident set stays where it was."""

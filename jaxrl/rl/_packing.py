@@ -198,7 +198,8 @@ def loss_column_capacity(most: int, row_len: int) -> int:
 
 def with_loss_columns(pb: PackedBatch, width: int) -> PackedBatch:
   """``pb`` with ``loss_columns [M, R, width]``: each row's loss positions (``loss_mask > 0``) in order, padded
-  with ``row_len`` (out of range: dropped where :func:`jaxrl.rl.policy_logprobs` scatters the head's output back).
+  with ``row_len`` (out of range: dropped where :func:`jaxrl.rl._loss.head_logprobs` scatters the head's output
+  back).
 
   The log-prob head (the ``[D, V]`` unembedding, float32 softmax) then runs on ``width`` columns per row, not on
   every packed position: a prompt's tokens are never scored (TRL's ``logits_to_keep``). Every process must pass
