@@ -66,11 +66,12 @@ class Workload:
   steps: int  # default --steps
   interleave: bool  # one step of each framework in turn (else one framework after the other)
   shared_model: bool  # the HF directory lives under <venv root>/models and is written once
-  # jaxrl's layer scan unrolled in the program (ModelConfig.scan_unroll: true), as the peers run their blocks (a
-  # Python loop): the same arithmetic, fused across blocks. Tiny (4 blocks): train step 16 % faster on CPU at
-  # the same compile time; not at 0.5B (24 blocks: 5 % faster, but 8.6 s more compile and 0.5 GiB more peak
-  # memory), issue 34.
-  unroll_layers: bool = False
+  # jaxrl holds one weight array per block (ModelConfig.scan_layers: false), as the peers do (a Python loop over
+  # their blocks): the same arithmetic. Against the scanned model on CPU (issue 34): the train step writes no
+  # stacked residual or gradient buffers, and the sampler decodes from the trainer's arrays in place instead of an
+  # unstacked copy of the block weights made every step (0.77-0.95 s at 0.5B). 0.5B, one process, 4 steady steps:
+  # update 6.8-7.3 s against 8.3-9.8 s, set_weights 0.09-0.18 s against 0.89-0.95 s, peak RSS 8.67 against 8.75 GiB.
+  per_layer_weights: bool = True
 
   def batch(self) -> dict[str, int]:
     """What every worker's ``setup`` receives."""
@@ -79,8 +80,7 @@ class Workload:
 
 
 WORKLOADS = {
-    "tiny": Workload(PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS, TINY, steps=6, interleave=True, shared_model=False,
-                     unroll_layers=True),
+    "tiny": Workload(PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS, TINY, steps=6, interleave=True, shared_model=False),
     "0.5b": Workload(2, 4, 16, 16, {}, steps=2, interleave=False, shared_model=True),
 }
 PEERS = {
@@ -199,13 +199,13 @@ class JaxrlWorker:
   """One GRPO step of :class:`jaxrl.rl.RLTrainer` per ``step`` command."""
 
   def setup(self, *, n_prompts: int = PROMPTS, samples: int = SAMPLES, prompt_tokens: int = PROMPT_TOKENS,
-            new_tokens: int = NEW_TOKENS, settings: dict[str, Any] | None = None, unroll_layers: bool = False,
+            new_tokens: int = NEW_TOKENS, settings: dict[str, Any] | None = None, per_layer_weights: bool = False,
             **spec: Any) -> dict[str, Any]:
     settings = settings or RLBenchSettings().to_message()
     pin_cpus(settings["threads"])  # before the first JAX computation: XLA sizes its thread pool from it
     mapped = jaxrl_config(settings, n_prompts=n_prompts, samples=samples, prompt_tokens=prompt_tokens,
                           new_tokens=new_tokens)
-    overrides = dict(mapped["model_overrides"], **({"scan_unroll": True} if unroll_layers else {}))
+    overrides = dict(mapped["model_overrides"], **({"scan_layers": False} if per_layer_weights else {}))
     data = {
         "model": {"hf_dir": spec["hf_dir"], "overrides": overrides}, "tokenizer": spec["tokenizer"],
         "data": {"train": [spec["prompts"]], "builtin": None, "max_prompt_tokens": prompt_tokens},
@@ -230,10 +230,11 @@ class JaxrlWorker:
     t0 = time.perf_counter()
     rollout, metrics = self.trainer.collect(self.step_index)
     t1 = time.perf_counter()
+    copied = self.trainer.sampler.copied_bytes  # weights held twice while generating (the update frees them)
     self.trainer.update(rollout, self.step_index)
     t2 = time.perf_counter()
     return {"step_s": t2 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, "tokens": int(rollout.lengths.sum()),
-            "reward": float(metrics["reward/mean"])}
+            "reward": float(metrics["reward/mean"]), "sampler_copied_bytes": copied}
 
   def sampling(self) -> dict[str, Any]:
     """Sampling cost, greedy vs temperature 1 (no filters): one call on [64, 4096] logits, and a decode step."""
@@ -400,7 +401,7 @@ def run(work: Path, *, steps: int, peers: list[str], sampling: bool = True, mode
   sampling = sampling and workload == "tiny"  # the sampling figures are the tiny model's
 
   def start(name: str, w: Peer) -> None:
-    own = {"unroll_layers": wl.unroll_layers} if name == "jaxrl" else {}  # a jaxrl option, not a shared setting
+    own = {"per_layer_weights": wl.per_layer_weights} if name == "jaxrl" else {}  # a jaxrl option, not a shared setting
     ans = w.ask("setup", **spec, **wl.batch(), **own, steps=steps, out_dir=str(work / f"out_{name}"), lr=LR,
                 settings=sent)
     check_applied(name, sent, ans.get("settings"))
@@ -488,7 +489,7 @@ def main(argv: list[str]) -> int:
                          f"{os.getloadavg()[0]:.1f} at the end",
                  command="jaxrl bench rl " + " ".join(argv), workload=dict(name=ns.workload, **wl.batch(),
                                                                           model=wl.model, lr=LR,
-                                                                          unroll_layers=wl.unroll_layers))
+                                                                          per_layer_weights=wl.per_layer_weights))
   print(format_table(results))
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(results, indent=2))
@@ -504,9 +505,9 @@ def format_table(results: dict[str, Any]) -> str:
     st = RLBenchSettings.from_message(results["settings"])
     wl = results.get("workload", {})
     lines.append(st.header(wl.get("new_tokens", "?"), wl.get("n_prompts", 0) * wl.get("samples", 0) or "?"))
-    if wl.get("unroll_layers"):  # a jaxrl option, not a shared setting: printed beside the numbers
-      lines.append("jaxrl only: layer scan unrolled in the program (model scan_unroll: true); TRL and Tunix loop "
-                   "over their blocks in Python")
+    if wl.get("per_layer_weights"):  # a jaxrl option, not a shared setting: printed beside the numbers
+      lines.append("jaxrl only: one weight array per block (model scan_layers: false), as TRL and Tunix hold theirs; "
+                   "its sampler decodes from the trainer's arrays")
     lines.append("")
   lines += ["| framework | first step s | median step s | generate s | train s | generated tok/s | jaxrl speed-up "
            "| step CPU s | peak RSS GiB |",

@@ -162,6 +162,12 @@ class Sampler:
     return total
 
   @property
+  def copied_bytes(self) -> int:
+    """Bytes of the weight arrays the sampler made itself (cast, placed or unstacked copies of the model it
+    was given) and holds now; 0 when it reads the caller's arrays in place (or holds no weights)."""
+    return sum(x.nbytes for x in self._owned if not x.is_deleted())
+
+  @property
   def compile_count(self) -> int:
     """Total traces of all programs (see :attr:`compile_counts`)."""
     return sum(self.compile_counts.values())

@@ -38,6 +38,8 @@ def test_jaxrl_worker_runs_steps_over_the_protocol(tmp_path):
     assert key in r, key
   assert [s["tokens"] for s in r["steps_raw"]] == [bench_rl.PROMPTS * bench_rl.SAMPLES * bench_rl.NEW_TOKENS] * 2
   assert all(np.isfinite(s["reward"]) for s in r["steps_raw"])
+  # per-layer block weights (scan_layers: false) in float32: the sampler decodes from the trainer's arrays
+  assert [s["sampler_copied_bytes"] for s in r["steps_raw"]] == [0, 0]
   assert "| jaxrl |" in bench_rl.format_table(res)
 
 
@@ -81,9 +83,9 @@ def test_workload_schedule_interleaved_or_one_framework_at_a_time(tmp_path, monk
   if workload == "0.5b":  # --xla-cache reaches the jaxrl worker only
     assert _RecordingPeer.log.pop(1) == ("jaxrl", "env", ((bench_rl.XLA_CACHE_ENV, "CACHE"),))
   assert [r["steps"] for r in res["frameworks"].values()] == [2, 2]
-  # jaxrl's layer scan unrolled for the tiny model only; the option never reaches a peer's setup
-  assert _RecordingPeer.setups["jaxrl"]["unroll_layers"] is (workload == "tiny")
-  assert "unroll_layers" not in _RecordingPeer.setups["trl"]
+  # jaxrl's per-layer block weights on both workloads; the option never reaches a peer's setup
+  assert _RecordingPeer.setups["jaxrl"]["per_layer_weights"] is True
+  assert "per_layer_weights" not in _RecordingPeer.setups["trl"]
   if workload == "tiny":  # both alive, steps alternate
     assert _RecordingPeer.log == [("jaxrl", "start"), ("jaxrl", "setup"), ("trl", "start"), ("trl", "setup"),
                                   ("jaxrl", "step"), ("trl", "step"), ("jaxrl", "step"), ("trl", "step"),
@@ -173,5 +175,5 @@ def test_run_refuses_a_worker_with_other_settings_or_token_count(tmp_path, monke
   assert res["settings"] == settings.to_message()
   assert "equal settings: remat off, 1 CPU threads" in bench_rl.format_table(res)
   assert "jaxrl only" not in bench_rl.format_table(res)
-  res["workload"] = {"n_prompts": 8, "samples": 8, "new_tokens": 64, "unroll_layers": True}  # the tiny workload's
-  assert "jaxrl only: layer scan unrolled in the program (model scan_unroll: true)" in bench_rl.format_table(res)
+  res["workload"] = {"n_prompts": 8, "samples": 8, "new_tokens": 64, "per_layer_weights": True}  # as the workloads
+  assert "jaxrl only: one weight array per block (model scan_layers: false)" in bench_rl.format_table(res)

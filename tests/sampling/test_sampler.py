@@ -134,10 +134,11 @@ def test_released_weights_are_refused_until_set_weights_and_the_copy_shares_the_
   source = jax.tree.leaves(nnx.state(model))
   copies = [x for x in jax.tree.leaves(sampler.params) if not any(x is y for y in source)]
   assert len(copies) == model.cfg.num_layers * len(jax.tree.leaves(nnx.state(model.layers)))
+  assert sampler.copied_bytes == sum(x.nbytes for x in jax.tree.leaves(nnx.state(model.layers))) > 0
   trims = []
   monkeypatch.setattr(_host_memory, "trim", lambda: trims.append(1) or True)
   sampler.release_weights()
-  assert sampler.params is None
+  assert sampler.params is None and sampler.copied_bytes == 0
   assert all(x.is_deleted() for x in copies)  # the per-layer copies are freed at once, not by the GC
   assert trims == [1]  # and their pages handed back to the OS (tests/test_host_memory.py)
   sampler.release_weights()
@@ -152,6 +153,8 @@ def test_released_weights_are_refused_until_set_weights_and_the_copy_shares_the_
   np.testing.assert_array_equal(after.versions[after.versions >= 0], 2)
   with pytest.raises(ValueError, match="structure differs"):
     sampler.set_weights(sampling.unstack_layers(model))
+  flat = sampling.unstack_layers(model)  # a model with per-layer weights is read in place: nothing copied
+  assert sampling.Sampler(flat, None, max_len=64, eos_token_ids=[], unstack_layers=True).copied_bytes == 0
 
 
 def test_fork_continues_k_samples_from_shared_prefix(qwen3_sampler, qwen3_reference, fixture_models):
