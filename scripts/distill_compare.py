@@ -3,7 +3,8 @@
 A trained quickstart-size teacher (``--teacher``: an HF dir, e.g. ``jaxrl sft --config configs/sft_tiny.yaml
 export_hf=true``'s ``hf``, or ``jaxrl quickstart``'s GRPO result ``OUT/rl/hf``) and the narrower student of
 ``configs/distill_tiny.yaml``, warm-started once by a short SFT on the built-in demonstrations of
-``configs/sft_tiny.yaml`` (``--warm-steps``; or ``--warm DIR``). Per seed, from that warm start:
+``configs/sft_tiny.yaml`` (``--warm-steps``; or ``--warm DIR``), then optionally SFT'd on the teacher's samples
+(``--mid-sft``: the setting where on-policy distillation continues an SFT'd student). Per seed, from that start:
 
   opd   ``jaxrl rl --config configs/distill_tiny.yaml`` with the teacher: ``--steps`` steps of 32 student samples
         (``--samples-per-prompt`` N per prompt, 32/N prompts a step; default 4 × 8), per-token advantage
@@ -35,6 +36,10 @@ samples, every step); arm sft counts the response (assistant) tokens of the SFT 
     --steps 480 --sft-prompts 16000 --samples-per-prompt 1 --lr 1e-2 --opd-set distill.mode=gkd \
     --opd-set distill.beta=0.0 --opd-set optim.schedule=cosine --opd-set optim.warmup_steps=20 --sft-lr 6e-3
     # the third run; its settings were chosen with --heldout-skip 400 (a validation set) and --seeds 0
+  python scripts/distill_compare.py --teacher runs/teacher/hf --warm runs/warm600/hf --mid-sft 100 --mid-sft 101,102 \
+    --out runs/dc/mid --steps 238 --sft-prompts 8000 --samples-per-prompt 1 --lr 3e-4 --opd-set distill.mode=gkd \
+    --opd-set distill.beta=1.0 --opd-set optim.schedule=cosine --opd-set optim.warmup_steps=20 --sft-lr 2e-3
+    # the fifth run: both arms continue from a student already SFT'd on 48,000 of the teacher's samples
 
 Results are written to ``OUT/table.json`` (per-problem outcomes included) and printed; a rerun reuses every
 finished stage, so an interrupted comparison resumes.
@@ -100,9 +105,10 @@ def opd(out: Path, warm: str, teacher: str, seed: int, steps: int, max_new: int,
   return str(out / "hf"), float(tokens)
 
 
-def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, k: int, max_new: int,
-                   lr: float | None, extra: list[str]) -> tuple[str, float]:
-  """``prompts`` training prompts (shuffled by ``seed``) × ``k`` teacher samples, then one SFT pass over them."""
+def teacher_samples(out: Path, teacher: str, seed: int, prompts: int, k: int, max_new: int) -> Path:
+  """``prompts`` training prompts (shuffled by ``seed``) × ``k`` teacher samples at T = 1, every sample kept
+  (duplicates included: ``rs`` deduplicates its sft.jsonl, and a competent teacher at T = 1 repeats itself for most
+  prompts, which would leave the sft arm with far fewer tokens than opd's samples); returns the SFT file."""
   cfg = config_lib.load(RLConfig, DISTILL)
   records = cfg.data.builtin.records("train")
   rng = np.random.default_rng(seed)  # as many passes over the train split as opd's ``prompts`` take
@@ -113,22 +119,47 @@ def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, 
     _run(["rs", "--model", teacher, "--data", str(out / "prompts.jsonl"), "--task", "custom", "--reward",
           "jaxrl.rl:arithmetic_reward", "--threshold", "-1", "--keep-truncated", "--k", str(k),
           "--seed", str(seed), "--max-new-tokens", str(max_new), "--temperature", "1", "--out", str(out / "rs")])
-  # Every sample, duplicates included (``rs`` deduplicates its sft.jsonl; a competent teacher at T = 1 repeats
-  # itself for most prompts, which would leave this arm with far fewer tokens than opd's samples).
   problems = [json.loads(x) for x in (out / "prompts.jsonl").read_text().splitlines()]
   samples = sorted((json.loads(x) for x in (out / "rs" / "records.jsonl").read_text().splitlines()),
                    key=lambda r: r["line"])
   kept = [eval_lib.sft_record(problems[r["line"] - 1], r, i) for r in samples for i in range(len(r["responses"]))]
-  data_lib.write_jsonl(kept, out / "all_samples.jsonl")
+  return data_lib.write_jsonl(kept, out / "all_samples.jsonl")
+
+
+def sft_pass(out: Path, warm: str, teacher: str, files: list[Path], lr: float | None, extra: list[str],
+             ) -> tuple[str, float]:
+  """One SFT pass from ``warm`` over ``files`` (concatenated; 8 packed rows of 256 tokens a step, cosine lr);
+  returns the student's HF dir and its trained (response) tokens."""
+  kept = [json.loads(x) for f in files for x in f.read_text().splitlines()]
+  data = files[0] if len(files) == 1 else data_lib.write_jsonl(kept, out / "all_samples.jsonl")
   tok = models.load_tokenizer(teacher)
   response = sum(len(tok(r["messages"][-1]["content"])["input_ids"]) for r in kept)
   total = sum(len(tok(tok.apply_chat_template(r["messages"], tokenize=False))["input_ids"]) for r in kept)
-  steps = max(1, round(total / (8 * 256 * 0.95)))  # one pass: 8 packed rows of 256 tokens a step
+  steps = max(1, round(total / (8 * 256 * 0.95)))
   if not (out / "sft" / "hf" / "config.json").exists():
-    _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{out / 'all_samples.jsonl'}]",
+    _run(["sft", "--config", str(SFT), *_student_model(warm), f"data.train=[{data}]",
           f"steps={steps}", "optim.warmup_steps=2", *([f"optim.lr={lr}"] if lr else []), "export_hf=true",
           "eval.every=0", "checkpoint.every=0", f"out_dir={out / 'sft'}", *QUIET, *extra])
   return str(out / "sft" / "hf"), float(response)
+
+
+def sft_on_teacher(out: Path, warm: str, teacher: str, seed: int, prompts: int, k: int, max_new: int,
+                   lr: float | None, extra: list[str]) -> tuple[str, float]:
+  """The sft arm: ``k`` teacher samples for each of ``prompts`` training prompts, then one SFT pass over them."""
+  return sft_pass(out, warm, teacher, [teacher_samples(out, teacher, seed, prompts, k, max_new)], lr, extra)
+
+
+def mid_sft(out: Path, warm: str, teacher: str, stages: list[str], prompts: int, max_new: int, lr: float) -> str:
+  """Stages of SFT on the teacher's samples before the comparison (the on-policy distillation setting of Thinking
+  Machines: a student already SFT'd on the teacher's data). Each stage (``"100"``, ``"101,102"``) trains one pass
+  from the previous stage's model over one teacher sample for each of ``prompts`` training prompts per seed
+  listed; returns the last stage's HF dir."""
+  for i, stage in enumerate(stages):
+    d = out / f"mid{i}"
+    seeds = [int(x) for x in stage.split(",")]
+    files = [teacher_samples(d if len(seeds) == 1 else d / f"s{s}", teacher, s, prompts, 1, max_new) for s in seeds]
+    warm, _ = sft_pass(d, warm, teacher, files, lr, [])
+  return warm
 
 
 def heldout_file(out: Path, n: int, skip: int = 0) -> Path:
@@ -190,6 +221,12 @@ def main() -> None:
                       "steps × 32/N, the same prompts; set it to match opd's student tokens when opd's samples run "
                       "longer)")
   p.add_argument("--warm-steps", type=int, default=150)
+  p.add_argument("--mid-sft", action="append", default=[], metavar="SEEDS",
+                 help="a stage of SFT on the teacher's samples after the warm start, before both arms (e.g. "
+                      "--mid-sft 100 --mid-sft 101,102: one pass over the samples of seed 100's prompts, then one over "
+                      "seeds 101 and 102's together); repeatable")
+  p.add_argument("--mid-sft-prompts", type=int, default=16000, help="training prompts per seed of a --mid-sft stage")
+  p.add_argument("--mid-sft-lr", type=float, default=6e-3, help="the --mid-sft stages' peak learning rate")
   p.add_argument("--max-new-tokens", type=int, default=40, help="every generation: rollouts, teacher samples, evals")
   p.add_argument("--lr", type=float, default=None, help="opd learning rate (default: distill_tiny's)")
   p.add_argument("--opd-set", action="append", default=[], metavar="KEY=VALUE",
@@ -207,6 +244,10 @@ def main() -> None:
   a = p.parse_args()
   out, teacher, max_new = Path(a.out), a.teacher, a.max_new_tokens
   warm = a.warm or warm_start(out / "warm", a.warm_steps)
+  bad = [x for x in a.mid_sft if not all(s.isdigit() for s in x.split(","))]
+  if bad:
+    raise SystemExit(f"--mid-sft takes seeds separated by commas (e.g. 101,102), got {bad[0]!r}")
+  warm = mid_sft(out, warm, teacher, a.mid_sft, a.mid_sft_prompts, max_new, a.mid_sft_lr)
   held = heldout_file(out, a.heldout, a.heldout_skip)
   meas = dict(heldout=held, max_new=max_new, kl_prompts=a.kl_prompts)
   table = {"teacher": measure(out / "measure_teacher", teacher, teacher, **meas),
