@@ -243,10 +243,10 @@ def main() -> None:
   p.add_argument("--kl-prompts", type=int, default=128, help="held-out prompts (the first ones) for the reverse KL")
   a = p.parse_args()
   out, teacher, max_new = Path(a.out), a.teacher, a.max_new_tokens
-  warm = a.warm or warm_start(out / "warm", a.warm_steps)
   bad = [x for x in a.mid_sft if not all(s.isdigit() for s in x.split(","))]
   if bad:
     raise SystemExit(f"--mid-sft takes seeds separated by commas (e.g. 101,102), got {bad[0]!r}")
+  warm = a.warm or warm_start(out / "warm", a.warm_steps)
   warm = mid_sft(out, warm, teacher, a.mid_sft, a.mid_sft_prompts, max_new, a.mid_sft_lr)
   held = heldout_file(out, a.heldout, a.heldout_skip)
   meas = dict(heldout=held, max_new=max_new, kl_prompts=a.kl_prompts)
